@@ -1,0 +1,1 @@
+//! Backends: the seam between the runtime and the hardware (DESIGN.md §5).

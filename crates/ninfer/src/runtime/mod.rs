@@ -1,0 +1,1 @@
+//! The runtime: sequences, sampling, generation, and the Engine.
