@@ -1,1 +1,62 @@
 //! Backends: the seam between the runtime and the hardware (DESIGN.md §5).
+//!
+//! A backend works at the level of a *step* (a batch of prompt chunks and decode rows), not of
+//! single ops, so that a GPU backend is free to fuse kernels and capture graphs. It owns every
+//! sequence's state (attention KV, GDN conv and recurrent state) in slots that the runtime
+//! allocates and frees.
+//! - `cpu`: the reference, f32 math over dequantized weights.
+
+pub mod cpu;
+
+use crate::model::ModelConfig;
+
+/// Index of a sequence-state slot owned by the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotId(pub u32);
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("no free sequence slot ({0} in use)")]
+    NoFreeSlot(usize),
+    #[error("sequence would exceed the maximum context of {max} tokens (needs {needed})")]
+    ContextFull { max: usize, needed: usize },
+    #[error("unknown or released slot {0:?}")]
+    BadSlot(SlotId),
+    #[error("token id {id} out of range (vocabulary {vocab})")]
+    BadToken { id: u32, vocab: usize },
+    #[error("{0}")]
+    Model(String),
+    #[error(transparent)]
+    Artifact(#[from] crate::artifact::ArtifactError),
+}
+
+/// One row of a step: `tokens` are appended to the slot's sequence at its current length.
+#[derive(Debug, Clone)]
+pub struct StepInput<'a> {
+    pub slot: SlotId,
+    pub tokens: &'a [u32],
+    /// Logits for every position of `tokens` (golden tests, perplexity) instead of the last only.
+    pub all_logits: bool,
+}
+
+/// Logits of one row: `rows` × vocab values, row-major.
+#[derive(Debug, Clone)]
+pub struct RowLogits {
+    pub rows: usize,
+    pub values: Vec<f32>,
+}
+
+pub trait Backend: Send {
+    fn config(&self) -> &ModelConfig;
+    /// A short name for logs and `doctor` ("cpu", "cuda:0 NVIDIA H200").
+    fn name(&self) -> String;
+    /// Allocates an empty sequence state.
+    fn alloc_slot(&mut self) -> Result<SlotId, BackendError>;
+    /// Frees a slot; its state is gone.
+    fn free_slot(&mut self, slot: SlotId);
+    /// Tokens already in a slot's state.
+    fn slot_len(&self, slot: SlotId) -> Result<usize, BackendError>;
+    /// Runs the model over every row (each row's tokens continue its own sequence) and returns the
+    /// logits of each row in order.
+    fn step(&mut self, rows: &[StepInput<'_>]) -> Result<Vec<RowLogits>, BackendError>;
+}
