@@ -131,6 +131,13 @@ def test_environment_features() -> None:
     assert got == f'<s>{expected_first}|{{"b": 1, "a": "é<"}}|{{"a":1}}|1|{datetime.now():%Y}'
 
 
+def test_block_whitespace_control() -> None:
+    # trim_blocks drops the newline after a block tag; lstrip_blocks drops indentation before one.
+    template = "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}"
+    got = render_chat(template, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    assert got == "[a]\n[b]\n"
+
+
 def _user(text: str) -> dict:
     return {"role": "user", "content": text}
 
@@ -201,3 +208,6 @@ def test_live_against_transformers() -> None:
     )
     ours = render_chat(probe, messages, [WEATHER], bos_token="<s>", eos_token="<|im_end|>")
     assert ours == theirs
+    layout = "{% for m in messages %}\n  {% if m.content %}\n<{{ m.content }}>\n  {% endif %}\n{% endfor %}\n"
+    theirs = tokenizer.apply_chat_template(messages, chat_template=layout, tokenize=False)
+    assert render_chat(layout, messages, add_generation_prompt=False) == theirs

@@ -12,3 +12,5 @@ pub mod backend;
 pub mod model;
 pub mod runtime;
 pub mod tokenizer;
+
+pub use runtime::{Engine, EngineOptions};

@@ -11,7 +11,7 @@ use super::{ArtifactError, Encoding};
 /// One stored plane of an encoded tensor: its name, element shape and raw little-endian bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Part {
-    pub name: &'static str,
+    pub name: String,
     pub shape: Vec<usize>,
     pub bytes: Vec<u8>,
 }
@@ -153,7 +153,7 @@ pub fn quantize(enc: Encoding, x: &[f32], shape: &[usize], segments: usize) -> R
     if rows * k != x.len() {
         return Err(ArtifactError::Shape(format!("{} values do not fill shape {shape:?}", x.len())));
     }
-    let part = |name, shape: Vec<usize>, bytes| Part { name, shape, bytes };
+    let part = |name: &str, shape: Vec<usize>, bytes| Part { name: name.into(), shape, bytes };
     Ok(match enc {
         Encoding::F32 => vec![part("data", shape.to_vec(), x.iter().flat_map(|v| v.to_le_bytes()).collect())],
         Encoding::Bf16 => vec![part(
@@ -235,9 +235,9 @@ fn quantize_nvfp4(x: &[f32], shape: &[usize], rows: usize, k: usize, segments: u
         }
     }
     Ok(vec![
-        Part { name: "codes", shape: with_last(shape, k / 2), bytes: codes },
-        Part { name: "scales", shape: with_last(shape, k / 16), bytes: scales },
-        Part { name: "global", shape: vec![m, segments], bytes: globals.iter().flat_map(|v| v.to_le_bytes()).collect() },
+        Part { name: "codes".into(), shape: with_last(shape, k / 2), bytes: codes },
+        Part { name: "scales".into(), shape: with_last(shape, k / 16), bytes: scales },
+        Part { name: "global".into(), shape: vec![m, segments], bytes: globals.iter().flat_map(|v| v.to_le_bytes()).collect() },
     ])
 }
 

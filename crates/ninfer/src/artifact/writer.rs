@@ -119,7 +119,7 @@ impl ArtifactWriter {
     }
 
     /// Writes the header and renames the file into place. Returns the final path.
-    pub fn finish(mut self) -> Result<PathBuf, ArtifactError> {
+    pub fn finish(self) -> Result<PathBuf, ArtifactError> {
         if !self.header.components.contains_key("text") {
             return Err(ArtifactError::Shape("an artifact needs a `text` component".into()));
         }

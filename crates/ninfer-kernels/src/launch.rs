@@ -1,0 +1,141 @@
+//! Shared launch plumbing: the error type, argument checks, raw device pointers taken from
+//! cudarc slices and views (with their stream-ordering guards), and the launch call itself.
+
+use cudarc::driver::{
+    CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, LaunchConfig, PushKernelArg,
+    SyncOnDrop,
+};
+
+use crate::loader::KernelSet;
+use crate::table::Kernel;
+
+/// Everything a kernel load or launch can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] DriverError),
+    #[error(
+        "no ninfer kernels for {name} (compute capability {major}.{minor}): the build carries \
+         sm_90a and sm_120a cubins and compute_90 PTX, so it needs compute capability 9.0 or newer"
+    )]
+    UnsupportedDevice {
+        name: String,
+        major: i32,
+        minor: i32,
+    },
+    #[error("kernel module {module} ({image}) did not load: {source}")]
+    ModuleLoad {
+        module: &'static str,
+        image: &'static str,
+        source: DriverError,
+    },
+    #[error("kernel {symbol} is missing from module {module}: {source}")]
+    MissingSymbol {
+        module: &'static str,
+        symbol: &'static str,
+        source: DriverError,
+    },
+    #[error("kernel module {0} is not embedded in this build")]
+    MissingModule(&'static str),
+    #[error("{kernel}: {msg}")]
+    BadArgs { kernel: &'static str, msg: String },
+}
+
+pub type Result<T> = std::result::Result<T, KernelError>;
+
+/// Argument checks of one launcher; every failed check names the kernel.
+pub(crate) struct Check {
+    pub kernel: Kernel,
+}
+
+impl Check {
+    pub fn new(kernel: Kernel) -> Self {
+        Self { kernel }
+    }
+
+    pub fn fail(&self, msg: String) -> KernelError {
+        KernelError::BadArgs {
+            kernel: self.kernel.symbol(),
+            msg,
+        }
+    }
+
+    pub fn ensure(&self, ok: bool, msg: impl FnOnce() -> String) -> Result<()> {
+        if ok {
+            Ok(())
+        } else {
+            Err(self.fail(msg()))
+        }
+    }
+
+    /// A buffer of `have` elements must hold at least `need`.
+    pub fn len(&self, what: &str, have: usize, need: usize) -> Result<()> {
+        self.ensure(have >= need, || {
+            format!("{what} holds {have} elements, needs {need}")
+        })
+    }
+
+    /// A device address must be a multiple of `align` bytes.
+    pub fn aligned(&self, what: &str, ptr: u64, align: u64) -> Result<()> {
+        self.ensure(ptr.is_multiple_of(align), || {
+            format!("{what} at {ptr:#x} is not {align}-byte aligned")
+        })
+    }
+
+    /// A size must fit the i32 the kernels index with.
+    pub fn i32(&self, what: &str, v: usize) -> Result<i32> {
+        i32::try_from(v).map_err(|_| self.fail(format!("{what} = {v} does not fit in i32")))
+    }
+}
+
+/// Device address of a read-only buffer; the guard orders the launch after earlier writes.
+pub(crate) fn dptr<'a, T, P: DevicePtr<T>>(
+    p: &'a P,
+    stream: &'a CudaStream,
+) -> (u64, SyncOnDrop<'a>) {
+    p.device_ptr(stream)
+}
+
+/// Device address of a buffer the kernel writes.
+pub(crate) fn dptr_mut<'a, T, P: DevicePtrMut<T>>(
+    p: &'a mut P,
+    stream: &'a CudaStream,
+) -> (u64, SyncOnDrop<'a>) {
+    p.device_ptr_mut(stream)
+}
+
+/// Grid size for `n` items of `per_block` each.
+pub(crate) fn blocks(n: usize, per_block: usize) -> u32 {
+    n.div_ceil(per_block).max(1) as u32
+}
+
+impl KernelSet {
+    /// Launches `kernel` with one by-value argument struct (the kernels take their parameters
+    /// as a single `#[repr(C)]` struct mirrored in the .cu file).
+    pub(crate) fn launch_struct<A: DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        kernel: Kernel,
+        cfg: LaunchConfig,
+        args: &A,
+    ) -> Result<()> {
+        let func = self.function(kernel);
+        let mut builder = stream.launch_builder(func);
+        builder.arg(args);
+        // SAFETY: each launcher checked the buffer sizes, shapes and alignment the kernel's
+        // contract requires, and `A` mirrors the kernel's parameter struct field for field.
+        unsafe { builder.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+/// Marks a `#[repr(C)]` argument struct as passable to a kernel; its size is asserted here and
+/// by a `static_assert` beside the mirrored struct in the .cu file.
+macro_rules! device_args {
+    ($t:ty, $size:expr) => {
+        // SAFETY: plain-old-data with C layout, mirrored by the kernel's parameter struct.
+        unsafe impl cudarc::driver::DeviceRepr for $t {}
+        const _: () = assert!(std::mem::size_of::<$t>() == $size);
+    };
+}
+pub(crate) use device_args;

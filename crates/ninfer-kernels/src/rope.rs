@@ -1,0 +1,164 @@
+//! Launcher of kernels/rope.cu: per-head zero-centred q/k norm fused with partial rotate-half
+//! RoPE, in place (model-spec.md 2.3 steps 3-4).
+
+use cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDrop};
+use half::bf16;
+
+use crate::launch::{blocks, device_args, dptr, dptr_mut, Check, Result};
+use crate::loader::KernelSet;
+use crate::table::Kernel;
+
+#[repr(C)]
+struct RopeArgs {
+    q: u64,
+    k: u64,
+    q_norm: u64,
+    k_norm: u64,
+    pos: u64,
+    tokens: i32,
+    q_heads: i32,
+    k_heads: i32,
+    q_ld: i32,
+    q_hs: i32,
+    k_ld: i32,
+    k_hs: i32,
+    dim: i32,
+    rot: i32,
+    theta: f32,
+    eps: f32,
+    pad: i32,
+}
+device_args!(RopeArgs, 88);
+
+/// Where the heads of a projection output live: head h of token t starts at element
+/// `t * ld + h * head_stride` and holds `dim` contiguous values.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadLayout {
+    pub heads: usize,
+    pub ld: usize,
+    pub head_stride: usize,
+}
+
+impl HeadLayout {
+    pub(crate) fn check(
+        &self,
+        c: &Check,
+        what: &str,
+        len: usize,
+        ptr: u64,
+        tokens: usize,
+        dim: usize,
+    ) -> Result<()> {
+        c.ensure(
+            self.ld.is_multiple_of(8) && self.head_stride.is_multiple_of(8),
+            || {
+                format!(
+                    "{what}: ld {} and head stride {} must be multiples of 8",
+                    self.ld, self.head_stride
+                )
+            },
+        )?;
+        c.ensure(self.head_stride >= dim || self.heads <= 1, || {
+            format!("{what}: head stride {} < dim {dim}", self.head_stride)
+        })?;
+        if tokens > 0 && self.heads > 0 {
+            c.len(
+                what,
+                len,
+                (tokens - 1) * self.ld + (self.heads - 1) * self.head_stride + dim,
+            )?;
+        }
+        c.aligned(what, ptr, 16)
+    }
+}
+
+/// Address of an optional norm weight of `dim` values (0 when absent).
+fn norm_weight<'a>(
+    c: &Check,
+    w: Option<&'a CudaView<'_, bf16>>,
+    dim: usize,
+    stream: &'a CudaStream,
+) -> Result<(u64, Option<SyncOnDrop<'a>>)> {
+    match w {
+        None => Ok((0, None)),
+        Some(w) => {
+            c.len("norm weight", w.len(), dim)?;
+            let (p, g) = w.device_ptr(stream);
+            c.aligned("norm weight", p, 16)?;
+            Ok((p, Some(g)))
+        }
+    }
+}
+
+/// Most head dim the rope kernel takes (its per-warp shared row).
+pub const ROPE_MAX_DIM: usize = 512;
+
+impl KernelSet {
+    /// In place on q and k heads: optional zero-centred RMSNorm per head (`q_norm`/`k_norm`,
+    /// weight `[dim]`), then rotate-half RoPE on the first `rot` dims at `pos[t]` with base
+    /// `theta`, rounding as transformers does in bf16 (see kernels/rope.cu).
+    pub fn qk_norm_rope(
+        &self,
+        stream: &CudaStream,
+        q: &mut impl DevicePtrMut<bf16>,
+        q_layout: HeadLayout,
+        k: &mut impl DevicePtrMut<bf16>,
+        k_layout: HeadLayout,
+        tokens: usize,
+        dim: usize,
+        rot: usize,
+        q_norm: Option<&CudaView<'_, bf16>>,
+        k_norm: Option<&CudaView<'_, bf16>>,
+        pos: &impl DevicePtr<i32>,
+        theta: f32,
+        eps: f32,
+    ) -> Result<()> {
+        let c = Check::new(Kernel::QkNormRope);
+        c.ensure(
+            dim.is_multiple_of(8) && dim > 0 && dim <= ROPE_MAX_DIM,
+            || format!("dim {dim} must be a multiple of 8 in 8..={ROPE_MAX_DIM}"),
+        )?;
+        c.ensure(rot.is_multiple_of(2) && rot <= dim, || {
+            format!("rotary dims {rot} for head dim {dim}")
+        })?;
+        let (ql, kl, pl) = (q.len(), k.len(), pos.len());
+        let (pp, _gp) = dptr(pos, stream);
+        let (qn, _gqn) = norm_weight(&c, q_norm, dim, stream)?;
+        let (kn, _gkn) = norm_weight(&c, k_norm, dim, stream)?;
+        let (qp, _gq) = dptr_mut(q, stream);
+        let (kp, _gk) = dptr_mut(k, stream);
+        q_layout.check(&c, "q", ql, qp, tokens, dim)?;
+        k_layout.check(&c, "k", kl, kp, tokens, dim)?;
+        c.len("pos", pl, tokens)?;
+        let rows = tokens * (q_layout.heads + k_layout.heads);
+        if rows == 0 {
+            return Ok(());
+        }
+        let args = RopeArgs {
+            q: qp,
+            k: kp,
+            q_norm: qn,
+            k_norm: kn,
+            pos: pp,
+            tokens: c.i32("tokens", tokens)?,
+            q_heads: c.i32("q heads", q_layout.heads)?,
+            k_heads: c.i32("k heads", k_layout.heads)?,
+            q_ld: c.i32("q ld", q_layout.ld)?,
+            q_hs: c.i32("q head stride", q_layout.head_stride)?,
+            k_ld: c.i32("k ld", k_layout.ld)?,
+            k_hs: c.i32("k head stride", k_layout.head_stride)?,
+            dim: dim as i32,
+            rot: rot as i32,
+            theta,
+            eps,
+            pad: 0,
+        };
+        c.i32("rows", rows)?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks(rows, 4), 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch_struct(stream, c.kernel, cfg, &args)
+    }
+}

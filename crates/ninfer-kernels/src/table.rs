@@ -1,0 +1,87 @@
+//! The one table of kernel symbols: every kernel of every module, by name. Launchers refer to
+//! kernels only through [`Kernel`]; [`crate::KernelSet::load`] resolves all of them up front.
+
+macro_rules! kernel_table {
+    ($($variant:ident => $module:literal, $symbol:literal;)*) => {
+        /// One kernel of the embedded modules.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Kernel {
+            $($variant,)*
+        }
+
+        impl Kernel {
+            /// Every kernel, in table order (the order of [`crate::KernelSet`]'s functions).
+            pub const ALL: &'static [Kernel] = &[$(Kernel::$variant,)*];
+
+            /// The kernel file (without `.cu`) that defines this kernel.
+            pub fn module(self) -> &'static str {
+                match self {
+                    $(Kernel::$variant => $module,)*
+                }
+            }
+
+            /// The exported (extern "C") symbol.
+            pub fn symbol(self) -> &'static str {
+                match self {
+                    $(Kernel::$variant => $symbol,)*
+                }
+            }
+
+            pub(crate) fn index(self) -> usize {
+                self as usize
+            }
+        }
+    };
+}
+
+kernel_table! {
+    RmsNorm => "norm", "ninfer_rms_norm";
+    AddRmsNorm => "norm", "ninfer_add_rms_norm";
+    GatedRmsNorm => "norm", "ninfer_gated_rms_norm";
+    GemvBf16B1 => "gemv", "ninfer_gemv_bf16_b1";
+    GemvBf16B2 => "gemv", "ninfer_gemv_bf16_b2";
+    GemvBf16B4 => "gemv", "ninfer_gemv_bf16_b4";
+    GemvBf16B8 => "gemv", "ninfer_gemv_bf16_b8";
+    GemvBf16B16 => "gemv", "ninfer_gemv_bf16_b16";
+    GemvQ8B1 => "gemv", "ninfer_gemv_q8_g32_b1";
+    GemvQ8B2 => "gemv", "ninfer_gemv_q8_g32_b2";
+    GemvQ8B4 => "gemv", "ninfer_gemv_q8_g32_b4";
+    GemvQ8B8 => "gemv", "ninfer_gemv_q8_g32_b8";
+    GemvQ8B16 => "gemv", "ninfer_gemv_q8_g32_b16";
+    GemvQ6B1 => "gemv", "ninfer_gemv_q6_g64_b1";
+    GemvQ6B2 => "gemv", "ninfer_gemv_q6_g64_b2";
+    GemvQ6B4 => "gemv", "ninfer_gemv_q6_g64_b4";
+    GemvQ6B8 => "gemv", "ninfer_gemv_q6_g64_b8";
+    GemvQ6B16 => "gemv", "ninfer_gemv_q6_g64_b16";
+    GemvQ4B1 => "gemv", "ninfer_gemv_q4_g32_b1";
+    GemvQ4B2 => "gemv", "ninfer_gemv_q4_g32_b2";
+    GemvQ4B4 => "gemv", "ninfer_gemv_q4_g32_b4";
+    GemvQ4B8 => "gemv", "ninfer_gemv_q4_g32_b8";
+    GemvQ4B16 => "gemv", "ninfer_gemv_q4_g32_b16";
+    GemvNvfp4B1 => "gemv", "ninfer_gemv_nvfp4_b1";
+    GemvNvfp4B2 => "gemv", "ninfer_gemv_nvfp4_b2";
+    GemvNvfp4B4 => "gemv", "ninfer_gemv_nvfp4_b4";
+    GemvNvfp4B8 => "gemv", "ninfer_gemv_nvfp4_b8";
+    GemvNvfp4B16 => "gemv", "ninfer_gemv_nvfp4_b16";
+    MoeGateUpBf16 => "gemv", "ninfer_moe_gate_up_bf16";
+    MoeDownBf16 => "gemv", "ninfer_moe_down_bf16";
+    MoeGateUpQ8 => "gemv", "ninfer_moe_gate_up_q8_g32";
+    MoeDownQ8 => "gemv", "ninfer_moe_down_q8_g32";
+    MoeGateUpQ6 => "gemv", "ninfer_moe_gate_up_q6_g64";
+    MoeDownQ6 => "gemv", "ninfer_moe_down_q6_g64";
+    MoeGateUpQ4 => "gemv", "ninfer_moe_gate_up_q4_g32";
+    MoeDownQ4 => "gemv", "ninfer_moe_down_q4_g32";
+    MoeGateUpNvfp4 => "gemv", "ninfer_moe_gate_up_nvfp4";
+    MoeDownNvfp4 => "gemv", "ninfer_moe_down_nvfp4";
+    MoeRoute => "moe", "ninfer_moe_route";
+    EmbedBf16 => "embed", "ninfer_embed_bf16";
+    EmbedQ8 => "embed", "ninfer_embed_q8_g32";
+    QkNormRope => "rope", "ninfer_qk_norm_rope";
+    GdnConv => "gdn", "ninfer_gdn_conv";
+    GdnRecurrent => "gdn", "ninfer_gdn_recurrent";
+    KvWrite => "attention", "ninfer_kv_write";
+    Attention => "attention", "ninfer_attention";
+    AttentionCombine => "attention", "ninfer_attention_combine";
+    Argmax => "sample", "ninfer_argmax";
+    Sample => "sample", "ninfer_sample";
+}

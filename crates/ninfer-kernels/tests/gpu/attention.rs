@@ -1,0 +1,275 @@
+//! attention.cu: KV cache writes, causal gated GQA attention over pages, split-KV decode.
+
+use ninfer_kernels::{attention_workspace_len, bf16, AttentionBatch, HeadLayout, PagedKv};
+
+use crate::common::*;
+
+struct Case {
+    q_lens: Vec<usize>,
+    kv_lens: Vec<usize>,
+    hq: usize,
+    hkv: usize,
+    dim: usize,
+    page: usize,
+    gate: bool,
+}
+
+/// Builds a shuffled paged cache, runs attention (plain and split-KV) and compares both with
+/// an f64 reference computed from the same K/V.
+fn run(c: &Case, seed: u64) {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(seed);
+    let (hq, hkv, d, page) = (c.hq, c.hkv, c.dim, c.page);
+    let seqs = c.q_lens.len();
+    let tokens: usize = c.q_lens.iter().sum();
+    let pages_per: Vec<usize> = c.kv_lens.iter().map(|&l| l.div_ceil(page)).collect();
+    let bt_stride = *pages_per.iter().max().unwrap() + 1;
+    let total_pages: usize = pages_per.iter().sum::<usize>() + 3;
+    let perm = rng.distinct(total_pages, total_pages);
+    let mut block_table = vec![0i32; seqs * bt_stride];
+    let mut next = 0;
+    for sq in 0..seqs {
+        for p in 0..pages_per[sq] {
+            block_table[sq * bt_stride + p] = perm[next] as i32;
+            next += 1;
+        }
+    }
+    let row = hkv * d;
+    let kc = rng.bf16s(total_pages * page * row, 1.0);
+    let vc = rng.bf16s(total_pages * page * row, 1.0);
+    // q_proj layout: per head d query values then d gate values.
+    let (q_ld, q_hs) = (hq * 2 * d, 2 * d);
+    let q = rng.bf16s(tokens * q_ld, 1.0);
+    let mut cu = vec![0i32];
+    for &l in &c.q_lens {
+        cu.push(cu.last().unwrap() + l as i32);
+    }
+    let kv_len: Vec<i32> = c.kv_lens.iter().map(|&l| l as i32).collect();
+
+    let scale = 1.0 / (d as f64).sqrt();
+    let group = hq / hkv;
+    let mut want = Vec::with_capacity(tokens * hq * d);
+    for sq in 0..seqs {
+        let (ql, kl) = (c.q_lens[sq], c.kv_lens[sq]);
+        for i in 0..ql {
+            let t = cu[sq] as usize + i;
+            let lim = kl - ql + i;
+            for h in 0..hq {
+                let kh = h / group;
+                let qv = to_f32(&q[t * q_ld + h * q_hs..t * q_ld + h * q_hs + d]);
+                let at = |cache: &[bf16], p: usize| {
+                    let pg = block_table[sq * bt_stride + p / page] as usize;
+                    let r = (pg * page + p % page) * row + kh * d;
+                    to_f32(&cache[r..r + d])
+                };
+                let sc: Vec<f64> = (0..=lim)
+                    .map(|p| {
+                        at(&kc, p)
+                            .iter()
+                            .zip(&qv)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                            * scale
+                    })
+                    .collect();
+                let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = sc.iter().map(|&x| (x - m).exp()).sum();
+                let mut o = vec![0f64; d];
+                for (p, &x) in sc.iter().enumerate() {
+                    let w = (x - m).exp() / z;
+                    for (oi, vi) in o.iter_mut().zip(at(&vc, p)) {
+                        *oi += w * vi as f64;
+                    }
+                }
+                for j in 0..d {
+                    let ob = bf(o[j] as f32);
+                    want.push(if c.gate {
+                        let gv = q[t * q_ld + h * q_hs + d + j].to_f32();
+                        bf(ob * bf(sigmoid(gv as f64) as f32))
+                    } else {
+                        ob
+                    });
+                }
+            }
+        }
+    }
+
+    let (dq, dkc, dvc) = (up(&s, &q), up(&s, &kc), up(&s, &vc));
+    let (dbt, dcu, dkl) = (up(&s, &block_table), up(&s, &cu), up(&s, &kv_len));
+    let kv = PagedKv {
+        k: dkc.slice(..),
+        v: dvc.slice(..),
+        page_size: page,
+        kv_heads: hkv,
+        dim: d,
+    };
+    let batch = AttentionBatch {
+        seqs,
+        tokens,
+        max_q_len: *c.q_lens.iter().max().unwrap(),
+        max_kv_len: *c.kv_lens.iter().max().unwrap(),
+        cu_q: dcu.slice(..),
+        kv_len: dkl.slice(..),
+        block_table: dbt.slice(..),
+        bt_stride,
+    };
+    let layout = HeadLayout {
+        heads: hq,
+        ld: q_ld,
+        head_stride: q_hs,
+    };
+    let gate_view = dq.slice(d..);
+    let gate = c.gate.then_some(&gate_view);
+    let name = format!(
+        "attention q={:?} kv={:?} hq={hq} hkv={hkv} d={d} page={page} gate={}",
+        c.q_lens, c.kv_lens, c.gate
+    );
+
+    let mut out = nan_bf16(&s, tokens * hq * d);
+    g.ks.attention(&s, &dq, layout, gate, &kv, &batch, scale as f32, &mut out)
+        .unwrap();
+    assert_close(&name, &to_f32(&down(&s, &out)), &want, 1e-2);
+
+    let mut ws = nan_f32(&s, attention_workspace_len(tokens, hq, d, 64));
+    let mut out2 = nan_bf16(&s, tokens * hq * d);
+    g.ks.attention_split_kv(
+        &s,
+        &dq,
+        layout,
+        gate,
+        &kv,
+        &batch,
+        scale as f32,
+        &mut out2,
+        &mut ws,
+    )
+    .unwrap();
+    assert_close(
+        &format!("{name} split-kv"),
+        &to_f32(&down(&s, &out2)),
+        &want,
+        1e-2,
+    );
+}
+
+#[test]
+fn prefill_small_heads_with_context() {
+    // Second sequence continues after 45 cached positions; page size 5 splits tiles.
+    run(
+        &Case {
+            q_lens: vec![37, 5],
+            kv_lens: vec![37, 50],
+            hq: 4,
+            hkv: 2,
+            dim: 64,
+            page: 5,
+            gate: true,
+        },
+        700,
+    );
+}
+
+#[test]
+fn prefill_model_heads() {
+    run(
+        &Case {
+            q_lens: vec![70],
+            kv_lens: vec![70],
+            hq: 16,
+            hkv: 2,
+            dim: 256,
+            page: 16,
+            gate: true,
+        },
+        701,
+    );
+}
+
+#[test]
+fn odd_group_without_gate() {
+    run(
+        &Case {
+            q_lens: vec![11, 3],
+            kv_lens: vec![11, 40],
+            hq: 6,
+            hkv: 2,
+            dim: 128,
+            page: 16,
+            gate: false,
+        },
+        702,
+    );
+}
+
+#[test]
+fn decode_split_kv_long_context() {
+    run(
+        &Case {
+            q_lens: vec![1, 1, 1],
+            kv_lens: vec![1, 300, 1000],
+            hq: 16,
+            hkv: 2,
+            dim: 256,
+            page: 64,
+            gate: true,
+        },
+        703,
+    );
+}
+
+#[test]
+fn verify_draft_tokens() {
+    // Speculative verification shape: a few query tokens on a long context.
+    run(
+        &Case {
+            q_lens: vec![4, 2],
+            kv_lens: vec![517, 90],
+            hq: 16,
+            hkv: 2,
+            dim: 256,
+            page: 32,
+            gate: true,
+        },
+        704,
+    );
+}
+
+#[test]
+fn kv_write_places_rows_by_slot() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(705);
+    let (tokens, hkv, d, rows) = (5, 2, 64, 12);
+    // k and v as slices of a fused projection output: [t, (k heads | v heads)].
+    let ld = 2 * hkv * d;
+    let kv = rng.bf16s(tokens * ld, 1.0);
+    let slots = [7i32, 0, -1, 11, 3];
+    let dkv = up(&s, &kv);
+    let dslots = up(&s, &slots);
+    let init = rng.bf16s(rows * hkv * d, 1.0);
+    let (mut kc, mut vc) = (up(&s, &init), up(&s, &init));
+    let vview = dkv.slice(hkv * d..);
+    let layout = HeadLayout {
+        heads: hkv,
+        ld,
+        head_stride: d,
+    };
+    g.ks.kv_write(
+        &s, &dkv, layout, &vview, layout, tokens, d, &dslots, &mut kc, &mut vc, rows,
+    )
+    .unwrap();
+    let (gk, gv) = (down(&s, &kc), down(&s, &vc));
+    let mut wk = init.clone();
+    let mut wv = init.clone();
+    for (t, &sl) in slots.iter().enumerate() {
+        if sl < 0 {
+            continue;
+        }
+        let dst = sl as usize * hkv * d;
+        wk[dst..dst + hkv * d].copy_from_slice(&kv[t * ld..t * ld + hkv * d]);
+        wv[dst..dst + hkv * d].copy_from_slice(&kv[t * ld + hkv * d..(t + 1) * ld]);
+    }
+    assert_eq!(gk, wk, "k cache");
+    assert_eq!(gv, wv, "v cache");
+}

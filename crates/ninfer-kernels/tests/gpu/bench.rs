@@ -1,0 +1,301 @@
+//! Timings of the decode-critical kernels at the model's shapes (ignored by default; run with
+//! `--ignored`). Each prints microseconds per launch and, for weight streams, GB/s; each asserts
+//! only that its output is finite.
+
+use std::sync::Arc;
+
+use ninfer_kernels::cudarc::driver::{sys::CUevent_flags, CudaStream};
+use ninfer_kernels::{
+    attention_workspace_len, AttentionBatch, GdnDims, HeadLayout, PagedKv, SamplingRow, SeqSlots,
+};
+
+use crate::common::*;
+use crate::mats::*;
+
+/// Mean milliseconds of `f` over `iters` launches after three warm-ups.
+fn time_ms(s: &Arc<CudaStream>, iters: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    let start = s
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .unwrap();
+    for _ in 0..iters {
+        f();
+    }
+    let end = s
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .unwrap();
+    end.synchronize().unwrap();
+    start.elapsed_ms(&end).unwrap() as f64 / iters as f64
+}
+
+fn report(name: &str, ms: f64, bytes: f64) {
+    if bytes > 0.0 {
+        println!(
+            "BENCH {name}: {:.1} us, {:.0} GB/s",
+            ms * 1e3,
+            bytes / ms / 1e6
+        );
+    } else {
+        println!("BENCH {name}: {:.1} us", ms * 1e3);
+    }
+}
+
+fn finite_f32(v: &[f32]) {
+    assert!(v.iter().all(|x| x.is_finite()));
+}
+
+#[test]
+#[ignore]
+fn bench_gemv_decode() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(1000);
+    let bytes_per = |e: Enc| match e {
+        Enc::Bf16 => 2.0,
+        Enc::Q8 => 1.0625,
+        Enc::Q6 => 0.78125,
+        Enc::Q4 => 0.5625,
+        Enc::Nvfp4 => 0.5625,
+    };
+    let shapes = [
+        (Enc::Q8, 8192, 2048, 1),
+        (Enc::Q8, 2048, 4096, 1),
+        (Enc::Q8, 8192, 2048, 4),
+        (Enc::Q8, 8192, 2048, 16),
+        (Enc::Nvfp4, 8192, 2048, 1),
+        (Enc::Bf16, 4096, 2048, 1),
+        (Enc::Q4, 8192, 2048, 1),
+        (Enc::Q6, 248_320, 2048, 1),
+        (Enc::Q6, 248_320, 2048, 4),
+    ];
+    for (enc, n, k, b) in shapes {
+        let m = HostMat::random(enc, 1, n, k, 1, &mut rng).upload(&s);
+        let x = up(&s, &rng.bf16s(b * k, 1.0));
+        let mut y = nan_f32(&s, b * n);
+        let ms = time_ms(&s, 20, || {
+            g.ks.gemv(&s, &m.view(), &x, b, k, &mut y, n).unwrap()
+        });
+        finite_f32(&down(&s, &y));
+        report(
+            &format!("gemv {enc:?} {n}x{k} b={b}"),
+            ms,
+            n as f64 * k as f64 * bytes_per(enc),
+        );
+    }
+}
+
+#[test]
+#[ignore]
+fn bench_moe_decode() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(1001);
+    let (e, i, h, k) = (256, 512, 2048, 8);
+    for enc in [Enc::Nvfp4, Enc::Q8] {
+        let gu = HostMat::random(enc, e, 2 * i, h, 1, &mut rng).upload(&s);
+        let dn = HostMat::random(enc, e, h, i, 1, &mut rng).upload(&s);
+        let sgu = HostMat::random(enc, 1, 2 * i, h, 1, &mut rng).upload(&s);
+        let sdn = HostMat::random(enc, 1, h, i, 1, &mut rng).upload(&s);
+        let (sguv, sdnv) = (sgu.view(), sdn.view());
+        let x = up(&s, &rng.bf16s(h, 1.0));
+        let ids: Vec<i32> = rng.distinct(e, k).into_iter().map(|v| v as i32).collect();
+        let ids = up(&s, &ids);
+        let w = up(&s, &vec![0.1f32; k + 1]);
+        let mut m = nan_bf16(&s, (k + 1) * i);
+        let mut y = nan_f32(&s, h);
+        let per = if enc == Enc::Nvfp4 { 0.5625 } else { 1.0625 };
+        let bytes = (k + 1) as f64 * (2 * i * h) as f64 * per;
+        let ms = time_ms(&s, 50, || {
+            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, 1, k, &ids, &mut m)
+                .unwrap()
+        });
+        report(
+            &format!("moe_gate_up {enc:?} E={e} top{k}+shared"),
+            ms,
+            bytes,
+        );
+        let ms = time_ms(&s, 50, || {
+            g.ks.moe_down(
+                &s,
+                &dn.view(),
+                Some(&sdnv),
+                &m,
+                1,
+                k,
+                &ids,
+                &w,
+                &mut y,
+                h,
+                false,
+            )
+            .unwrap()
+        });
+        report(
+            &format!("moe_down {enc:?} E={e} top{k}+shared"),
+            ms,
+            bytes / 2.0,
+        );
+        finite_f32(&down(&s, &y));
+    }
+}
+
+#[test]
+#[ignore]
+fn bench_attention_gdn_sample() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(1002);
+    let (hq, hkv, d, page) = (16, 2, 256, 64);
+    for &(ctx, q_len) in &[(4096usize, 1usize), (32768, 1), (2048, 2048)] {
+        let pages = ctx.div_ceil(page);
+        let kc = up(&s, &rng.bf16s(pages * page * hkv * d, 1.0));
+        let vc = up(&s, &rng.bf16s(pages * page * hkv * d, 1.0));
+        let bt = up(&s, &(0..pages as i32).collect::<Vec<_>>());
+        let (cu, kl) = (up(&s, &[0, q_len as i32]), up(&s, &[ctx as i32]));
+        let q = up(&s, &rng.bf16s(q_len * hq * 2 * d, 1.0));
+        let gate = q.slice(d..);
+        let kv = PagedKv {
+            k: kc.slice(..),
+            v: vc.slice(..),
+            page_size: page,
+            kv_heads: hkv,
+            dim: d,
+        };
+        let batch = AttentionBatch {
+            seqs: 1,
+            tokens: q_len,
+            max_q_len: q_len,
+            max_kv_len: ctx,
+            cu_q: cu.slice(..),
+            kv_len: kl.slice(..),
+            block_table: bt.slice(..),
+            bt_stride: pages,
+        };
+        let layout = HeadLayout {
+            heads: hq,
+            ld: hq * 2 * d,
+            head_stride: 2 * d,
+        };
+        let mut out = nan_bf16(&s, q_len * hq * d);
+        let mut ws = nan_f32(&s, attention_workspace_len(q_len, hq, d, 64));
+        let scale = 1.0 / (d as f32).sqrt();
+        let ms = time_ms(&s, 10, || {
+            g.ks.attention_split_kv(
+                &s,
+                &q,
+                layout,
+                Some(&gate),
+                &kv,
+                &batch,
+                scale,
+                &mut out,
+                &mut ws,
+            )
+            .unwrap()
+        });
+        report(
+            &format!("attention ctx={ctx} q={q_len}"),
+            ms,
+            if q_len == 1 {
+                (2 * ctx * hkv * d * 2) as f64
+            } else {
+                0.0
+            },
+        );
+        assert!(down(&s, &out).iter().all(|v| v.is_finite()));
+    }
+
+    let dims = GdnDims {
+        hk: 16,
+        hv: 32,
+        dk: 128,
+        dv: 128,
+    };
+    let c = dims.conv_channels();
+    for &t in &[1usize, 512] {
+        let qkv = up(&s, &rng.bf16s(t * c, 0.5));
+        let ba = up(&s, &rng.bf16s(t * 64, 1.0));
+        let (al, dt) = (up(&s, &rng.f32s(32, 0.5)), up(&s, &rng.f32s(32, 0.5)));
+        let mut st = up(&s, &vec![0f32; 32 * 128 * 128]);
+        let (cu, sl) = (up(&s, &[0, t as i32]), up(&s, &[0i32]));
+        let batch = SeqSlots {
+            seqs: 1,
+            tokens: t,
+            cu: cu.slice(..),
+            slots: sl.slice(..),
+        };
+        let mut o = nan_bf16(&s, t * 32 * 128);
+        let (bv, av) = (ba.slice(..), ba.slice(32..));
+        let ms = time_ms(&s, 10, || {
+            g.ks.gdn_recurrent(
+                &s, &qkv, c, &bv, &av, 64, &al, &dt, &mut st, 1, &batch, dims, &mut o,
+            )
+            .unwrap()
+        });
+        report(
+            &format!("gdn_recurrent tokens={t}"),
+            ms,
+            if t == 1 {
+                2.0 * 32.0 * 128.0 * 128.0 * 4.0
+            } else {
+                0.0
+            },
+        );
+        assert!(down(&s, &o).iter().all(|v| v.is_finite()));
+        let w = up(&s, &rng.bf16s(c * 4, 0.5));
+        let mut cs = up(&s, &vec![ninfer_kernels::bf16::ZERO; 3 * c]);
+        let mut y = nan_bf16(&s, t * c);
+        let ms = time_ms(&s, 10, || {
+            g.ks.gdn_conv(&s, &qkv, c, &w, c, &mut cs, 1, &batch, &mut y, c)
+                .unwrap()
+        });
+        report(&format!("gdn_conv tokens={t}"), ms, 0.0);
+    }
+
+    let vocab = 248_320;
+    for rows in [1usize, 16] {
+        let l = up(&s, &rng.f32s(rows * vocab, 3.0));
+        let mut out = up(&s, &vec![0i32; rows]);
+        let ms = time_ms(&s, 20, || {
+            g.ks.argmax(&s, &l, rows, vocab, vocab, &mut out).unwrap()
+        });
+        report(&format!("argmax rows={rows}"), ms, 0.0);
+        let p: Vec<SamplingRow> = (0..rows)
+            .map(|_| SamplingRow {
+                temperature: 0.7,
+                top_p: 0.9,
+                min_p: 0.0,
+                u: 0.5,
+                top_k: 40,
+                pad: [0; 3],
+            })
+            .collect();
+        let p = up(&s, &p);
+        let ms = time_ms(&s, 20, || {
+            g.ks.sample(&s, &l, rows, vocab, vocab, &p, &mut out)
+                .unwrap()
+        });
+        report(&format!("sample top-k 40 top-p 0.9 rows={rows}"), ms, 0.0);
+        let p1: Vec<SamplingRow> = (0..rows)
+            .map(|_| SamplingRow {
+                temperature: 1.0,
+                top_p: 0.95,
+                min_p: 0.0,
+                u: 0.5,
+                top_k: 0,
+                pad: [0; 3],
+            })
+            .collect();
+        let p1 = up(&s, &p1);
+        let ms = time_ms(&s, 20, || {
+            g.ks.sample(&s, &l, rows, vocab, vocab, &p1, &mut out)
+                .unwrap()
+        });
+        report(&format!("sample top-p 0.95 rows={rows}"), ms, 0.0);
+        assert!(down(&s, &out)
+            .iter()
+            .all(|&t| (0..vocab as i32).contains(&t)));
+    }
+}

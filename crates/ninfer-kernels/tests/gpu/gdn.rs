@@ -1,0 +1,249 @@
+//! gdn.cu: causal conv with state, and the gated delta-rule recurrence.
+
+use ninfer_kernels::{bf16, GdnDims, SeqSlots};
+
+use crate::common::*;
+
+#[test]
+fn conv_continues_from_state() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(800);
+    for &(channels, ref lens) in &[
+        (256usize, vec![5usize, 1, 2]),
+        (8192, vec![1]),
+        (200, vec![9]),
+    ] {
+        let tokens: usize = lens.iter().sum();
+        let seqs = lens.len();
+        let num_slots = seqs + 2;
+        let slots: Vec<i32> = rng
+            .distinct(num_slots, seqs)
+            .into_iter()
+            .map(|v| v as i32)
+            .collect();
+        let ldx = channels + 8;
+        let x = rng.bf16s(tokens * ldx, 1.0);
+        let w = rng.bf16s(channels * 4, 0.5);
+        let state = rng.bf16s(num_slots * 3 * channels, 1.0);
+        let mut cu = vec![0i32];
+        for &l in lens {
+            cu.push(cu.last().unwrap() + l as i32);
+        }
+        let (dx, dw, dcu, dsl) = (up(&s, &x), up(&s, &w), up(&s, &cu), up(&s, &slots));
+        let mut dst = up(&s, &state);
+        let mut dy = nan_bf16(&s, tokens * channels);
+        let batch = SeqSlots {
+            seqs,
+            tokens,
+            cu: dcu.slice(..),
+            slots: dsl.slice(..),
+        };
+        g.ks.gdn_conv(
+            &s, &dx, ldx, &dw, channels, &mut dst, num_slots, &batch, &mut dy, channels,
+        )
+        .unwrap();
+
+        let mut want_state = state.clone();
+        let mut want = vec![0f32; tokens * channels];
+        for sq in 0..seqs {
+            let base = slots[sq] as usize * 3 * channels;
+            for c in 0..channels {
+                let mut hist: Vec<f32> = (0..3)
+                    .map(|i| state[base + i * channels + c].to_f32())
+                    .collect();
+                for t in cu[sq] as usize..cu[sq + 1] as usize {
+                    let xt = x[t * ldx + c].to_f32();
+                    let wc: Vec<f64> = (0..4).map(|i| w[c * 4 + i].to_f32() as f64).collect();
+                    let acc = wc[0] * hist[0] as f64
+                        + wc[1] * hist[1] as f64
+                        + wc[2] * hist[2] as f64
+                        + wc[3] * xt as f64;
+                    want[t * channels + c] = bf(silu(bf(acc as f32) as f64) as f32);
+                    hist = vec![hist[1], hist[2], xt];
+                }
+                for i in 0..3 {
+                    want_state[base + i * channels + c] = bf16::from_f32(hist[i]);
+                }
+            }
+        }
+        assert_close(
+            &format!("gdn_conv C={channels} lens={lens:?}"),
+            &to_f32(&down(&s, &dy)),
+            &want,
+            1e-2,
+        );
+        assert_eq!(
+            down(&s, &dst),
+            want_state,
+            "conv state after C={channels} lens={lens:?}"
+        );
+    }
+}
+
+/// The recurrence of model-spec.md 2.4 steps 4-7 in f64, updating `state` in place.
+#[allow(clippy::too_many_arguments)]
+fn ref_recurrent(
+    d: GdnDims,
+    qkv: &[f32],
+    ld: usize,
+    b: &[f32],
+    a: &[f32],
+    ld_ba: usize,
+    a_log: &[f32],
+    dt_bias: &[f32],
+    state: &mut [f32],
+    t_range: std::ops::Range<usize>,
+    out: &mut [f32],
+) {
+    let GdnDims { hk, hv, dk, dv } = d;
+    for t in t_range {
+        let row = &qkv[t * ld..];
+        for h in 0..hv {
+            let kh = h / (hv / hk);
+            let q: Vec<f64> = (0..dk).map(|i| row[kh * dk + i] as f64).collect();
+            let k: Vec<f64> = (0..dk).map(|i| row[hk * dk + kh * dk + i] as f64).collect();
+            let v: Vec<f64> = (0..dv)
+                .map(|j| row[2 * hk * dk + h * dv + j] as f64)
+                .collect();
+            let nq =
+                1.0 / (q.iter().map(|x| x * x).sum::<f64>() + 1e-6).sqrt() / (dk as f64).sqrt();
+            let nk = 1.0 / (k.iter().map(|x| x * x).sum::<f64>() + 1e-6).sqrt();
+            let beta = bf(sigmoid(b[t * ld_ba + h] as f64) as f32) as f64;
+            let x = a[t * ld_ba + h] as f64 + dt_bias[h] as f64;
+            let softplus = if x > 20.0 { x } else { x.exp().ln_1p() };
+            let decay = (-(a_log[h] as f64).exp() * softplus).exp();
+            let st = &mut state[h * dk * dv..(h + 1) * dk * dv];
+            for j in 0..dv {
+                let mut u = 0.0;
+                for i in 0..dk {
+                    let sv = st[i * dv + j] as f64 * decay;
+                    st[i * dv + j] = sv as f32;
+                    u += sv * k[i] * nk;
+                }
+                let delta = beta * (v[j] - u);
+                let mut o = 0.0;
+                for i in 0..dk {
+                    let sv = st[i * dv + j] as f64 + k[i] * nk * delta;
+                    st[i * dv + j] = sv as f32;
+                    o += sv * q[i] * nq;
+                }
+                out[(t * hv + h) * dv + j] = bf(o as f32);
+            }
+        }
+    }
+}
+
+fn recurrent_case(d: GdnDims, lens: &[usize], seed: u64) {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(seed);
+    let tokens: usize = lens.iter().sum();
+    let seqs = lens.len();
+    let num_slots = seqs + 1;
+    let slots: Vec<i32> = rng
+        .distinct(num_slots, seqs)
+        .into_iter()
+        .map(|v| v as i32)
+        .collect();
+    let ld = d.conv_channels() + 8;
+    let ld_ba = 2 * d.hv;
+    let qkv = rng.bf16s(tokens * ld, 0.6);
+    let ba = rng.bf16s(tokens * ld_ba, 1.5);
+    let a_log = rng.f32s(d.hv, 0.7);
+    let dt_bias = rng.f32s(d.hv, 0.7);
+    let per_slot = d.hv * d.dk * d.dv;
+    let state = rng.f32s(num_slots * per_slot, 0.05);
+    let mut cu = vec![0i32];
+    for &l in lens {
+        cu.push(cu.last().unwrap() + l as i32);
+    }
+    let (dqkv, dba, dal, ddt) = (up(&s, &qkv), up(&s, &ba), up(&s, &a_log), up(&s, &dt_bias));
+    let (dcu, dsl) = (up(&s, &cu), up(&s, &slots));
+    let mut dst = up(&s, &state);
+    let mut dout = nan_bf16(&s, tokens * d.hv * d.dv);
+    let batch = SeqSlots {
+        seqs,
+        tokens,
+        cu: dcu.slice(..),
+        slots: dsl.slice(..),
+    };
+    let (bview, aview) = (dba.slice(..), dba.slice(d.hv..));
+    g.ks.gdn_recurrent(
+        &s, &dqkv, ld, &bview, &aview, ld_ba, &dal, &ddt, &mut dst, num_slots, &batch, d, &mut dout,
+    )
+    .unwrap();
+
+    let (qkvf, baf) = (to_f32(&qkv), to_f32(&ba));
+    let mut want_state = state.clone();
+    let mut want = vec![0f32; tokens * d.hv * d.dv];
+    for sq in 0..seqs {
+        let slot = slots[sq] as usize;
+        let st = &mut want_state[slot * per_slot..(slot + 1) * per_slot];
+        let range = cu[sq] as usize..cu[sq + 1] as usize;
+        ref_recurrent(
+            d,
+            &qkvf,
+            ld,
+            &baf,
+            &baf[d.hv..],
+            ld_ba,
+            &a_log,
+            &dt_bias,
+            st,
+            range,
+            &mut want,
+        );
+    }
+    let name = format!("gdn_recurrent {d:?} lens={lens:?}");
+    assert_close(&name, &to_f32(&down(&s, &dout)), &want, 1e-2);
+    assert_close(&format!("{name} state"), &down(&s, &dst), &want_state, 1e-4);
+}
+
+#[test]
+fn recurrent_small_heads_multi_token() {
+    recurrent_case(
+        GdnDims {
+            hk: 2,
+            hv: 4,
+            dk: 32,
+            dv: 32,
+        },
+        &[3, 1, 6],
+        810,
+    );
+    recurrent_case(
+        GdnDims {
+            hk: 1,
+            hv: 3,
+            dk: 24,
+            dv: 40,
+        },
+        &[2],
+        811,
+    );
+}
+
+#[test]
+fn recurrent_model_dims() {
+    recurrent_case(
+        GdnDims {
+            hk: 16,
+            hv: 32,
+            dk: 128,
+            dv: 128,
+        },
+        &[1],
+        812,
+    );
+    recurrent_case(
+        GdnDims {
+            hk: 16,
+            hv: 32,
+            dk: 128,
+            dv: 128,
+        },
+        &[4, 1],
+        813,
+    );
+}

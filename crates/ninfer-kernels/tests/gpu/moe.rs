@@ -1,0 +1,260 @@
+//! moe.cu (router) and the expert-bank kernels of gemv.cu.
+
+use ninfer_kernels::bf16;
+
+use crate::common::*;
+use crate::mats::*;
+
+/// gate_up then down for `tokens` tokens, each with `topk` distinct experts of `experts`,
+/// bank and optional shared expert in encoding `enc`.
+fn bank_case(
+    enc: Enc,
+    experts: usize,
+    inter: usize,
+    hidden: usize,
+    tokens: usize,
+    topk: usize,
+    shared: bool,
+    seed: u64,
+) {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(seed);
+    let segs = if enc == Enc::Nvfp4 { 2 } else { 1 };
+    let gu = HostMat::random(enc, experts, 2 * inter, hidden, segs, &mut rng);
+    let dn = HostMat::random(enc, experts, hidden, inter, 1, &mut rng);
+    let sgu = HostMat::random(enc, 1, 2 * inter, hidden, segs, &mut rng);
+    let sdn = HostMat::random(enc, 1, hidden, inter, 1, &mut rng);
+    let (dgu, ddn, dsgu, dsdn) = (gu.upload(&s), dn.upload(&s), sgu.upload(&s), sdn.upload(&s));
+    let x = rng.bf16s(tokens * hidden, 1.0);
+    let mut ids: Vec<i32> = Vec::new();
+    for _ in 0..tokens {
+        ids.extend(rng.distinct(experts, topk).into_iter().map(|e| e as i32));
+    }
+    let slots = tokens * topk + if shared { tokens } else { 0 };
+    let route_w: Vec<f32> = (0..slots)
+        .map(|_| bf(0.05 + rng.uniform() as f32))
+        .collect();
+    let (dx, dids, dw) = (up(&s, &x), up(&s, &ids), up(&s, &route_w));
+    let shared_gu = dsgu.view();
+    let shared_dn = dsdn.view();
+    let name =
+        format!("moe {enc:?} E={experts} I={inter} H={hidden} T={tokens} k={topk} shared={shared}");
+
+    // gate_up: silu(g) * u per slot.
+    let mut m = nan_bf16(&s, slots * inter);
+    g.ks.moe_gate_up(
+        &s,
+        &dgu.view(),
+        shared.then_some(&shared_gu),
+        &dx,
+        hidden,
+        tokens,
+        topk,
+        &dids,
+        &mut m,
+    )
+    .unwrap();
+    let mut want_m = Vec::new();
+    for slot in 0..slots {
+        let (w, t) = if slot < tokens * topk {
+            (gu.dequant_expert(ids[slot] as usize), slot / topk)
+        } else {
+            (sgu.dequant_expert(0), slot - tokens * topk)
+        };
+        let xt = to_f32(&x[t * hidden..(t + 1) * hidden]);
+        let y = matvec(&w, 2 * inter, hidden, &xt);
+        for j in 0..inter {
+            let (gv, uv) = (bf(y[j]), bf(y[inter + j]));
+            want_m.push(bf(bf(silu(gv as f64) as f32) * uv));
+        }
+    }
+    let got_m = down(&s, &m);
+    assert_close(&format!("{name} gate_up"), &to_f32(&got_m), &want_m, 1e-2);
+
+    // down: weighted sum over each token's slots, from the kernel's own gate_up output.
+    let mf = to_f32(&got_m);
+    let mut want = vec![0f32; tokens * hidden];
+    for t in 0..tokens {
+        let mut acc = vec![0f64; hidden];
+        let mut add = |w: &[f32], slot: usize| {
+            let y = matvec(w, hidden, inter, &mf[slot * inter..(slot + 1) * inter]);
+            for n in 0..hidden {
+                acc[n] += route_w[slot] as f64 * y[n] as f64;
+            }
+        };
+        for j in 0..topk {
+            add(&dn.dequant_expert(ids[t * topk + j] as usize), t * topk + j);
+        }
+        if shared {
+            add(&sdn.dequant_expert(0), tokens * topk + t);
+        }
+        for n in 0..hidden {
+            want[t * hidden + n] = acc[n] as f32;
+        }
+    }
+    let mut y32 = nan_f32(&s, tokens * hidden);
+    g.ks.moe_down(
+        &s,
+        &ddn.view(),
+        shared.then_some(&shared_dn),
+        &m,
+        tokens,
+        topk,
+        &dids,
+        &dw,
+        &mut y32,
+        hidden,
+        false,
+    )
+    .unwrap();
+    assert_close(&format!("{name} down f32"), &down(&s, &y32), &want, 1e-4);
+
+    // Accumulating into a bf16 residual: y = bf16(y + bf16(r)).
+    let resid = rng.bf16s(tokens * hidden, 2.0);
+    let mut y16 = up(&s, &resid);
+    g.ks.moe_down(
+        &s,
+        &ddn.view(),
+        shared.then_some(&shared_dn),
+        &m,
+        tokens,
+        topk,
+        &dids,
+        &dw,
+        &mut y16,
+        hidden,
+        true,
+    )
+    .unwrap();
+    let want16: Vec<f32> = resid
+        .iter()
+        .zip(&want)
+        .map(|(r, &v)| bf(r.to_f32() + bf(v)))
+        .collect();
+    assert_close(
+        &format!("{name} down accumulate bf16"),
+        &to_f32(&down(&s, &y16)),
+        &want16,
+        1e-2,
+    );
+}
+
+#[test]
+fn expert_banks_all_encodings() {
+    for (i, enc) in ALL_ENCS.into_iter().enumerate() {
+        bank_case(enc, 8, 64, 256, 3, 2, true, 400 + i as u64);
+        bank_case(enc, 8, 64, 256, 1, 4, false, 410 + i as u64);
+    }
+}
+
+#[test]
+fn expert_banks_model_shapes() {
+    // Qwen3.6-35B-A3B decode: 256 experts of I = 512 over H = 2048, top-8 plus the shared expert.
+    bank_case(Enc::Nvfp4, 256, 512, 2048, 1, 8, true, 420);
+    bank_case(Enc::Q8, 256, 512, 2048, 2, 8, true, 421);
+}
+
+#[test]
+fn gate_up_zeroes_invalid_expert_ids() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(430);
+    let gu = HostMat::random(Enc::Bf16, 4, 64, 64, 1, &mut rng).upload(&s);
+    let x = up(&s, &rng.bf16s(64, 1.0));
+    let ids = up(&s, &[2i32, -1, 4]);
+    let mut m = nan_bf16(&s, 3 * 32);
+    g.ks.moe_gate_up(&s, &gu.view(), None, &x, 64, 1, 3, &ids, &mut m)
+        .unwrap();
+    let got = down(&s, &m);
+    assert!(got[..32].iter().all(|v| v.is_finite()));
+    assert!(
+        got[..32].iter().any(|v| v.to_f32() != 0.0),
+        "valid expert produced zeros"
+    );
+    assert!(
+        got[32..].iter().all(|v| *v == bf16::ZERO),
+        "ids -1 and 4 (>= E) must give zero rows"
+    );
+}
+
+fn ref_route(logits: &[f32], experts: usize, topk: usize) -> (Vec<i32>, Vec<f32>) {
+    let mut order: Vec<usize> = (0..experts).collect();
+    order.sort_by(|&a, &b| logits[b].partial_cmp(&logits[a]).unwrap().then(a.cmp(&b)));
+    let sel = &order[..topk];
+    let top = logits[sel[0]] as f64;
+    let z: f64 = sel.iter().map(|&e| (logits[e] as f64 - top).exp()).sum();
+    let w = sel
+        .iter()
+        .map(|&e| bf(((logits[e] as f64 - top).exp() / z) as f32))
+        .collect();
+    (sel.iter().map(|&e| e as i32).collect(), w)
+}
+
+#[test]
+fn router_topk_renormalised() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(440);
+    for &(tokens, experts, topk, shared) in &[
+        (5usize, 256usize, 8usize, true),
+        (3, 40, 1, false),
+        (9, 512, 32, true),
+        (2, 7, 7, false),
+    ] {
+        let ld = experts + shared as usize + 3;
+        let logits = rng.bf16s(tokens * ld, 2.0);
+        let dl = up(&s, &logits);
+        let mut ids = up(&s, &vec![-7i32; tokens * topk]);
+        let mut w = nan_f32(&s, tokens * topk + if shared { tokens } else { 0 });
+        g.ks.moe_route(&s, &dl, ld, tokens, experts, topk, shared, &mut ids, &mut w)
+            .unwrap();
+        let (gi, gw) = (down(&s, &ids), down(&s, &w));
+        for t in 0..tokens {
+            let row = to_f32(&logits[t * ld..t * ld + experts]);
+            let (ri, rw) = ref_route(&row, experts, topk);
+            assert_eq!(
+                &gi[t * topk..(t + 1) * topk],
+                &ri[..],
+                "ids of token {t} (E={experts})"
+            );
+            for j in 0..topk {
+                let (a, b) = (gw[t * topk + j], rw[j]);
+                assert!(
+                    (a - b).abs() <= b.abs() / 128.0 + 1e-7,
+                    "weight {j} of token {t}: {a} vs {b}"
+                );
+            }
+            if shared {
+                let want = bf(sigmoid(logits[t * ld + experts].to_f32() as f64) as f32);
+                let got = gw[tokens * topk + t];
+                assert!(
+                    (got - want).abs() <= want / 128.0,
+                    "shared gate of token {t}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn router_skips_nan_logits() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut logits = vec![bf16::from_f32(0.0); 64];
+    logits[3] = bf16::NAN;
+    logits[10] = bf16::from_f32(1.0);
+    logits[20] = bf16::from_f32(2.0);
+    let dl = up(&s, &logits);
+    let mut ids = up(&s, &[0i32; 3]);
+    let mut w = nan_f32(&s, 3);
+    g.ks.moe_route(&s, &dl, 64, 1, 64, 3, false, &mut ids, &mut w)
+        .unwrap();
+    assert_eq!(
+        down(&s, &ids),
+        vec![20, 10, 0],
+        "NaN expert 3 must not be chosen"
+    );
+    let w = down(&s, &w);
+    assert!((w.iter().sum::<f32>() - 1.0).abs() < 1e-2);
+}

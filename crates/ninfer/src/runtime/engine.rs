@@ -1,0 +1,288 @@
+//! The `Engine`: what Rust embedders, the Python bindings and the server all drive. It owns the
+//! artifact, the tokenizer and a scheduler thread that owns the backend. Requests go in as token
+//! ids with sampling parameters; events come back through a sink (a channel for Rust callers).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use super::request::{Completion, Event, EventSink, Request};
+use super::sampler::SamplingParams;
+use super::scheduler::{self, Limits, Shared, Stats};
+use crate::artifact::Artifact;
+use crate::backend::cpu::{CpuBackend, CpuOptions};
+use crate::backend::Backend;
+use crate::model::ModelConfig;
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// CUDA when a supported GPU and a CUDA build are present, else CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Device::Auto),
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda),
+            _ => Err(format!("unknown device `{s}` (expected auto, cpu or cuda)")),
+        }
+    }
+}
+
+/// Engine settings, resolved once at open.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub device: Device,
+    /// Sequences decoded together (each holds one state slot).
+    pub max_concurrency: usize,
+    /// Longest sequence (prompt + generated) in tokens.
+    pub max_context: usize,
+    /// Requests allowed to wait for a slot; more are refused.
+    pub max_pending: usize,
+    /// Prompt tokens per prefill chunk.
+    pub prefill_chunk: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions { device: Device::Auto, max_concurrency: 8, max_context: 8192, max_pending: 256, prefill_chunk: 512 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Artifact(#[from] crate::artifact::ArtifactError),
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("too many pending requests ({0}); try again later")]
+    QueueFull(usize),
+    #[error("the prompt has {prompt} tokens but the context limit is {max}")]
+    PromptTooLong { prompt: usize, max: usize },
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+pub struct Engine {
+    path: PathBuf,
+    config: ModelConfig,
+    tokenizer: Option<Tokenizer>,
+    chat_template: Option<String>,
+    generation_config: Option<serde_json::Value>,
+    eos: Vec<u32>,
+    backend_name: String,
+    options: EngineOptions,
+    shared: Arc<Shared>,
+    next_id: AtomicU64,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn open_backend(art: &Artifact, opts: &EngineOptions) -> Result<Box<dyn Backend>, EngineError> {
+    let cpu = || -> Result<Box<dyn Backend>, EngineError> {
+        let o = CpuOptions { max_slots: opts.max_concurrency, max_context: opts.max_context, mtp: false };
+        Ok(Box::new(CpuBackend::open(art, o)?))
+    };
+    match opts.device {
+        Device::Cpu | Device::Auto => cpu(),
+        Device::Cuda => Err(EngineError::Unsupported(
+            "device `cuda` is not available in this build: the CUDA backend has not landed yet (use device `cpu`)".into(),
+        )),
+    }
+}
+
+impl Engine {
+    pub fn open(path: impl AsRef<Path>, options: EngineOptions) -> Result<Engine, EngineError> {
+        if options.max_concurrency == 0 || options.max_context < 2 || options.prefill_chunk == 0 {
+            return Err(EngineError::Invalid("max_concurrency, max_context and prefill_chunk must be positive".into()));
+        }
+        let art = Artifact::open(path.as_ref())?;
+        let text = art.component("text").expect("validated at open");
+        let config = ModelConfig::from_json(text).map_err(EngineError::Invalid)?;
+        let tokenizer = match art.resource("tokenizer.json") {
+            Some(bytes) => Some(Tokenizer::from_bytes(bytes).map_err(|e| EngineError::Invalid(format!("tokenizer.json: {e}")))?),
+            None => None,
+        };
+        let chat_template = art.resource("chat_template.jinja").map(|b| String::from_utf8_lossy(b).into_owned());
+        let generation_config: Option<serde_json::Value> =
+            art.resource("generation_config.json").and_then(|b| serde_json::from_slice(b).ok());
+        let mut eos = config.eos_token_ids.clone();
+        if let Some(g) = generation_config.as_ref().and_then(|g| g.get("eos_token_id")) {
+            let ids: Vec<u32> = match g {
+                serde_json::Value::Array(a) => a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect(),
+                v => v.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
+            };
+            eos.extend(ids.into_iter().filter(|i| !config.eos_token_ids.contains(i)));
+        }
+        let mut options = options;
+        options.max_context = options.max_context.min(config.max_position_embeddings);
+        let backend = open_backend(&art, &options)?;
+        let backend_name = backend.name();
+        let shared = Arc::new(Shared::default());
+        let limits = Limits {
+            max_slots: options.max_concurrency,
+            max_context: options.max_context,
+            prefill_chunk: options.prefill_chunk,
+            eos: eos.clone(),
+        };
+        let (sh, tok) = (Arc::clone(&shared), tokenizer.clone());
+        let thread = std::thread::Builder::new()
+            .name("ninfer-scheduler".into())
+            .spawn(move || scheduler::run(backend, tok, sh, limits))
+            .map_err(|e| EngineError::Invalid(format!("cannot start the scheduler thread: {e}")))?;
+        Ok(Engine {
+            path: path.as_ref().to_path_buf(),
+            config,
+            tokenizer,
+            chat_template,
+            generation_config,
+            eos,
+            backend_name,
+            options,
+            shared,
+            next_id: AtomicU64::new(1),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    pub fn backend_name(&self) -> &str {
+        &self.backend_name
+    }
+
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    pub fn generation_config(&self) -> Option<&serde_json::Value> {
+        self.generation_config.as_ref()
+    }
+
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    /// Tokens of a text prompt (special-token text becomes its id, as a rendered chat needs).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        let t = self.tokenizer.as_ref().ok_or_else(|| EngineError::Unsupported("this artifact has no tokenizer; pass token ids".into()))?;
+        t.encode(text, true).map_err(|e| EngineError::Invalid(e.to_string()))
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.shared.queue.lock().unwrap_or_else(|p| p.into_inner()).stats
+    }
+
+    /// Queues a request; its events go to `sink` (on the scheduler thread). Returns its id.
+    pub fn submit(&self, prompt: Vec<u32>, params: SamplingParams, sink: EventSink) -> Result<u64, EngineError> {
+        params.validate().map_err(EngineError::Invalid)?;
+        if prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt is empty".into()));
+        }
+        if let Some(bad) = prompt.iter().find(|t| **t as usize >= self.config.vocab_size) {
+            return Err(EngineError::Invalid(format!("token id {bad} is out of range (vocabulary {})", self.config.vocab_size)));
+        }
+        if prompt.len() >= self.options.max_context {
+            return Err(EngineError::PromptTooLong { prompt: prompt.len(), max: self.options.max_context });
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut q = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.shutdown {
+            return Err(EngineError::Invalid("the engine is shut down".into()));
+        }
+        if q.pending.len() >= self.options.max_pending {
+            return Err(EngineError::QueueFull(q.pending.len()));
+        }
+        q.pending.push_back(Request { id, prompt, params, sink });
+        q.stats.waiting = q.pending.len();
+        drop(q);
+        self.shared.wake.notify_all();
+        Ok(id)
+    }
+
+    /// Cancels a request; its slot is freed within one scheduler round and it ends with
+    /// `FinishReason::Cancelled`. Unknown or finished ids are ignored.
+    pub fn cancel(&self, id: u64) {
+        self.shared.queue.lock().unwrap_or_else(|p| p.into_inner()).cancelled.insert(id);
+        self.shared.wake.notify_all();
+    }
+
+    /// Streams a request's events; dropping the stream cancels the request.
+    pub fn stream(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<Stream<'_>, EngineError> {
+        let (tx, rx) = mpsc::channel();
+        let id = self.submit(prompt, params, Box::new(move |e| drop(tx.send(e))))?;
+        Ok(Stream { engine: self, id, rx, done: false })
+    }
+
+    /// Runs a request to the end.
+    pub fn generate(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<Completion, EngineError> {
+        Completion::collect(self.stream(prompt, params)?).map_err(EngineError::Invalid)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shared.queue.lock().unwrap_or_else(|p| p.into_inner()).shutdown = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The events of one request, ending with `Done` or `Error`.
+pub struct Stream<'a> {
+    engine: &'a Engine,
+    id: u64,
+    rx: mpsc::Receiver<Event>,
+    done: bool,
+}
+
+impl Stream<'_> {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Iterator for Stream<'_> {
+    type Item = Event;
+    fn next(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        let e = self.rx.recv().ok()?;
+        self.done = e.is_last();
+        Some(e)
+    }
+}
+
+impl Drop for Stream<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.engine.cancel(self.id);
+        }
+    }
+}

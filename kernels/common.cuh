@@ -1,0 +1,106 @@
+// Shared device helpers for every kernel file: bf16/f16/fp8 conversions, the E2M1 expansion
+// used by nvfp4 weights, warp reductions and 16-byte vector loads.
+// Encodings follow docs/format.md section 3; nothing here launches work on its own.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+typedef __nv_bfloat16 bf16;
+
+#define NINFER_WARP 32
+
+__device__ __forceinline__ float bf2f(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ bf16 f2bf(float v) { return __float2bfloat16_rn(v); }
+// Round an f32 to the nearest bf16 and back: where the model rounds to its dtype
+// (model-spec.md 2.7), the kernels do the same with this.
+__device__ __forceinline__ float round_bf(float v) { return bf2f(f2bf(v)); }
+
+// bf16 bits -> f32 is a 16-bit shift; w holds two bf16 values, low half first.
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ float f16_bits_to_f(uint16_t h) {
+    return __half2float(__ushort_as_half(h));
+}
+
+// Unpack eight bf16 values held in a 16-byte vector.
+__device__ __forceinline__ void unpack_bf8(const uint4 v, float out[8]) {
+    out[0] = bf_lo(v.x); out[1] = bf_hi(v.x);
+    out[2] = bf_lo(v.y); out[3] = bf_hi(v.y);
+    out[4] = bf_lo(v.z); out[5] = bf_hi(v.z);
+    out[6] = bf_lo(v.w); out[7] = bf_hi(v.w);
+}
+
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+    const uint32_t l = __bfloat16_as_ushort(f2bf(lo));
+    const uint32_t h = __bfloat16_as_ushort(f2bf(hi));
+    return l | (h << 16);
+}
+
+__device__ __forceinline__ uint4 pack_bf8(const float v[8]) {
+    uint4 r;
+    r.x = pack_bf2(v[0], v[1]);
+    r.y = pack_bf2(v[2], v[3]);
+    r.z = pack_bf2(v[4], v[5]);
+    r.w = pack_bf2(v[6], v[7]);
+    return r;
+}
+
+// Read-only 16-byte load through the non-coherent cache (weights, activations of earlier launches).
+__device__ __forceinline__ uint4 ldg16(const void* p) {
+    return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+// Weight streams are read once per launch: ask the cache not to keep them.
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+// E4M3 (float8_e4m3fn) byte -> f32, exact; S.1111.111 decodes to NaN (format.md 3).
+__device__ __forceinline__ float e4m3_to_f(uint8_t b) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
+    return __half2float(__half(h));
+}
+
+// Two E2M1 codes in one byte (element 2j low nibble, 2j+1 high nibble) -> two f16 values equal
+// to E2M1 * 2^-14, exactly: the 3 magnitude bits land on f16 exponent bits 11..10 and mantissa
+// bit 9, so normal codes become normal f16 values and code 001 (0.5) becomes an f16 subnormal,
+// all with the same 2^-14 factor. The caller multiplies by 2^14 once per scale block.
+__device__ __forceinline__ __half2 e2m1x2_to_h2_scaled(uint32_t byte) {
+    const uint32_t y = byte * 0x1001u;  // copy of the byte 12 bits up, no overlap
+    const uint32_t bits = ((y << 9) & 0x0e000e00u) | ((y << 12) & 0x80008000u);
+    return *reinterpret_cast<const __half2*>(&bits);
+}
+
+#define E2M1_UNSCALE 16384.0f
+
+template <int N>
+__device__ __forceinline__ void warp_sum(float (&v)[N]) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+    }
+}
+
+__device__ __forceinline__ float warp_sum1(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max1(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+__device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }

@@ -1,0 +1,211 @@
+// Matrix-vector products for decode (small batch), over every weight encoding of
+// docs/format.md section 3, plus the MoE expert-bank variants (model-spec.md 2.5).
+//
+// ninfer_gemv_<enc>_b<NB>  (enc: bf16, q8_g32, q6_g64, q4_g32, nvfp4; NB: 1, 2, 4, 8, 16)
+//   y[b, n] = sum_k x[b, k] * W[n, k]     for b < batch <= NB, n < N = m.rows, k < K = m.cols
+//   x: bf16 [batch, ldx]; W: one matrix (m.experts == 1) decoded per format.md, nvfp4 including
+//   its per-segment global; f32 accumulation; y [batch, ldy] written as bf16 (rounded once) or f32
+//   (out_f32). Launch: block 256 = 8 warps, one output row per warp, grid ceil(N / 8).
+//   K must be a multiple of 8 (bf16), 32 (q8_g32, q4_g32, nvfp4) or 64 (q6_g64): whole 16-byte
+//   chunks per lane and whole scale groups; every weight
+//   row and x row must start 16-byte aligned. y must not alias x or W.
+//
+// ninfer_moe_gate_up_<enc>
+//   For slot s < tokens*topk: token t = s / topk, expert e = ids[s]; for the optional shared
+//   slots s = tokens*topk + t the shared matrix is used instead. Bank rows 0..I-1 are the gate,
+//   I..2I-1 the up projection ([E, 2I, H] as stored), so m.rows = 2I.
+//   g = bf16(x[t] . W[e][j]), u = bf16(x[t] . W[e][I + j]),
+//   out[s, j] = bf16(bf16(silu(g)) * u)   (transformers' bf16 roundings), out dense [S, I].
+//   An id outside [0, E) gives a zero row. Launch: block 256, grid (ceil(I / 8), S).
+//
+// ninfer_moe_down_<enc>
+//   r[t, n] = sum_{j<topk} w[t*topk+j] * (in[t*topk+j] . W[ids[t*topk+j]][n])
+//             + (shared ? w[tokens*topk + t] * (in[tokens*topk + t] . S[n]) : 0)
+//   in: bf16 [S, ldx] (the gate_up output), w: f32 routing weights per slot (the shared slot's
+//   weight is its sigmoid gate). y[t, n] = r (accumulate = 0) or y + r (accumulate = 1; for bf16
+//   y = bf16(y + bf16(r)), the residual add in the model dtype). Each output is produced by one
+//   warp, summing slots in order, so results are deterministic. Launch: block 256,
+//   grid (ceil(H / 8), tokens).
+#include "quant.cuh"
+
+struct GemvArgs {
+    Mat m;
+    const bf16* x;
+    void* y;
+    int batch;
+    int ldx;
+    int ldy;
+    int out_f32;
+};
+static_assert(sizeof(GemvArgs) == 80, "mirrored in crates/ninfer-kernels/src/gemv.rs");
+
+struct BankArgs {
+    Mat bank;
+    Mat shared;
+    const bf16* x;
+    const int* ids;
+    const float* route_w;
+    void* y;
+    int tokens;
+    int topk;
+    int has_shared;
+    int ldx;
+    int ldy;
+    int out_f32;
+    int accumulate;
+    int pad;
+};
+static_assert(sizeof(BankArgs) == 160, "mirrored in crates/ninfer-kernels/src/gemv.rs");
+
+__device__ __forceinline__ void store_out(void* y, size_t idx, float v, int out_f32, int accumulate) {
+    if (out_f32) {
+        float* p = static_cast<float*>(y) + idx;
+        *p = accumulate ? *p + v : v;
+    } else {
+        bf16* p = static_cast<bf16*>(y) + idx;
+        *p = accumulate ? f2bf(bf2f(*p) + round_bf(v)) : f2bf(v);
+    }
+}
+
+// acc += w . x over one chunk, x read as bf16 from global memory (L1-resident across warps).
+template <int CHUNK>
+__device__ __forceinline__ float chunk_dot(const float (&w)[CHUNK], const bf16* x) {
+    float acc = 0.f;
+#pragma unroll
+    for (int v = 0; v < CHUNK / 8; ++v) {
+        float xf[8];
+        unpack_bf8(ldg16(x + v * 8), xf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc = fmaf(w[v * 8 + i], xf[i], acc);
+    }
+    return acc;
+}
+
+template <typename Enc, int NB>
+__device__ __forceinline__ void gemv_body(const GemvArgs& a) {
+    constexpr int CH = Enc::CHUNK;
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (row >= a.m.rows) return;
+    const int nchunks = a.m.cols / CH;
+    float acc[NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) acc[b] = 0.f;
+    int c = lane;
+    typename Enc::Raw raw;
+    if (c < nchunks) raw = Enc::load(a.m, 0, row, c);
+    while (c < nchunks) {
+        const int cn = c + 32;
+        typename Enc::Raw next = raw;
+        if (cn < nchunks) next = Enc::load(a.m, 0, row, cn);  // keep a second load in flight
+        float w[CH];
+        Enc::dequant(raw, w);
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+            if (b < a.batch) acc[b] += chunk_dot<CH>(w, a.x + (size_t)b * a.ldx + (size_t)c * CH);
+        raw = next;
+        c = cn;
+    }
+    warp_sum(acc);
+    const float mul = row_multiplier<Enc>(a.m, 0, row);
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+        if (b < a.batch && lane == b % 32)
+            store_out(a.y, (size_t)b * a.ldy + row, acc[b] * mul, a.out_f32, 0);
+}
+
+template <typename Enc>
+__device__ __forceinline__ void gate_up_body(const BankArgs& a) {
+    constexpr int CH = Enc::CHUNK;
+    const int lane = threadIdx.x & 31;
+    const int s = blockIdx.y;
+    const bool shared = s >= a.tokens * a.topk;
+    const Mat m = shared ? a.shared : a.bank;
+    const int inter = m.rows / 2;
+    const int j = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (j >= inter) return;
+    const int t = shared ? s - a.tokens * a.topk : s / a.topk;
+    const int e = shared ? 0 : __ldg(a.ids + s);
+    bf16* out = static_cast<bf16*>(a.y) + (size_t)s * inter + j;
+    if (e < 0 || e >= m.experts) {
+        if (lane == 0) *out = f2bf(0.f);
+        return;
+    }
+    const bf16* x = a.x + (size_t)t * a.ldx;
+    const int nchunks = m.cols / CH;
+    float acc[2] = {0.f, 0.f};
+    for (int c = lane; c < nchunks; c += 32) {
+        const typename Enc::Raw rg = Enc::load(m, e, j, c);
+        const typename Enc::Raw ru = Enc::load(m, e, inter + j, c);
+        float w[CH];
+        Enc::dequant(rg, w);
+        acc[0] += chunk_dot<CH>(w, x + (size_t)c * CH);
+        Enc::dequant(ru, w);
+        acc[1] += chunk_dot<CH>(w, x + (size_t)c * CH);
+    }
+    warp_sum(acc);
+    if (lane == 0) {
+        const float g = round_bf(acc[0] * row_multiplier<Enc>(m, e, j));
+        const float u = round_bf(acc[1] * row_multiplier<Enc>(m, e, inter + j));
+        *out = f2bf(round_bf(silu(g)) * u);
+    }
+}
+
+template <typename Enc>
+__device__ __forceinline__ void down_body(const BankArgs& a) {
+    constexpr int CH = Enc::CHUNK;
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.y;
+    const int n = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (n >= a.bank.rows) return;
+    const int nchunks = a.bank.cols / CH;
+    const int routed = a.topk;
+    const int nslots = routed + (a.has_shared ? 1 : 0);
+    float acc = 0.f;
+    // (slot, chunk) pairs are spread over the lanes so that short rows (I = 512) keep every
+    // lane busy; each lane applies its slot's routing weight to its partial dot product.
+    for (int idx = lane; idx < nslots * nchunks; idx += 32) {
+        const int j = idx / nchunks;
+        const int c = idx - j * nchunks;
+        const bool shared = j >= routed;
+        const int s = shared ? a.tokens * a.topk + t : t * a.topk + j;
+        const Mat m = shared ? a.shared : a.bank;
+        const int e = shared ? 0 : __ldg(a.ids + s);
+        if (e < 0 || e >= m.experts) continue;
+        float w[CH];
+        Enc::dequant(Enc::load(m, e, n, c), w);
+        const float d = chunk_dot<CH>(w, a.x + (size_t)s * a.ldx + (size_t)c * CH);
+        acc += __ldg(a.route_w + s) * row_multiplier<Enc>(m, e, n) * d;
+    }
+    acc = warp_sum1(acc);
+    if (lane == 0) store_out(a.y, (size_t)t * a.ldy + n, acc, a.out_f32, a.accumulate);
+}
+
+#define NINFER_GEMV(name, Enc, NB)                                                   \
+    extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_b##NB(GemvArgs a) { \
+        gemv_body<Enc, NB>(a);                                                       \
+    }
+#define NINFER_GEMV_ALL(name, Enc) \
+    NINFER_GEMV(name, Enc, 1)      \
+    NINFER_GEMV(name, Enc, 2)      \
+    NINFER_GEMV(name, Enc, 4)      \
+    NINFER_GEMV(name, Enc, 8)      \
+    NINFER_GEMV(name, Enc, 16)
+#define NINFER_BANK(name, Enc)                                                           \
+    extern "C" __global__ void __launch_bounds__(256) ninfer_moe_gate_up_##name(BankArgs a) { \
+        gate_up_body<Enc>(a);                                                            \
+    }                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) ninfer_moe_down_##name(BankArgs a) {    \
+        down_body<Enc>(a);                                                               \
+    }
+
+NINFER_GEMV_ALL(bf16, EncBf16)
+NINFER_GEMV_ALL(q8_g32, EncQ8)
+NINFER_GEMV_ALL(q6_g64, EncQ6)
+NINFER_GEMV_ALL(q4_g32, EncQ4)
+NINFER_GEMV_ALL(nvfp4, EncNvfp4)
+NINFER_BANK(bf16, EncBf16)
+NINFER_BANK(q8_g32, EncQ8)
+NINFER_BANK(q6_g64, EncQ6)
+NINFER_BANK(q4_g32, EncQ4)
+NINFER_BANK(nvfp4, EncNvfp4)

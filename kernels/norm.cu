@@ -1,0 +1,126 @@
+// RMS norms of the model (model-spec.md 2.1). bf16 in/out, f32 math, one warp per row.
+//
+// ninfer_rms_norm: zero-centred RMSNorm
+//   y[r, :] = bf16( x[r,:] / sqrt(mean(x[r,:]^2) + eps) * (1 + w) ), all math in f32, one
+//   rounding at the end. x, y: bf16 rows of `dim` elements, row r at x + r*ldx, y + r*ldy
+//   (ld in elements); w: bf16 [dim]. Rows with a stride cover strided views such as the query
+//   halves of q_proj ([T, Hq, 2D] with ldx = 2D). y may alias x (same ld): each element is read and
+//   written by the same thread, the write after every read of its row.
+//
+// ninfer_add_rms_norm: residual add fused before the norm (the decoder layer of 2.2)
+//   h[r,:] = bf16(h[r,:] + delta[r,:])   (residual adds happen in the model dtype)
+//   y[r,:] = zero-centred RMSNorm of the rounded h, as above. h is updated in place;
+//   delta may not alias h or y; y may not alias h.
+//
+// ninfer_gated_rms_norm: the GDN output norm (plain weight, norm first, then SiLU gate)
+//   n = bf16(x / sqrt(mean(x^2) + eps))  ;  m = bf16(n * w)  ;  y = bf16(m * silu(z))
+//   with z upcast to f32; rows of `dim` (the value head dim, 128 in the model) and one weight
+//   vector shared by all rows. y may alias x.
+//
+// Shapes: dim % 8 == 0, every row start 16-byte aligned (ld % 8 == 0, aligned bases).
+// Launch: block (32, 4) = four rows per block, grid (ceil(rows / 4)).
+#include "common.cuh"
+
+struct NormArgs {
+    const bf16* x;      // input rows (h for the residual variant)
+    const bf16* w;      // weight [dim]
+    bf16* y;            // output rows
+    bf16* h;            // residual stream (add variant only), updated in place
+    const bf16* delta;  // added to h (add variant only); z gate for the gated variant
+    int rows;
+    int dim;
+    int ldx;
+    int ldy;
+    int ldd;            // row stride of delta / z
+    float eps;
+};
+static_assert(sizeof(NormArgs) == 64, "mirrored in crates/ninfer-kernels/src/norm.rs");
+
+extern "C" __global__ void __launch_bounds__(128) ninfer_rms_norm(NormArgs a) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    if (row >= a.rows) return;
+    const int lane = threadIdx.x;
+    const bf16* x = a.x + (size_t)row * a.ldx;
+    bf16* y = a.y + (size_t)row * a.ldy;
+    const int chunks = a.dim / 8;
+    float ss = 0.f;
+    for (int c = lane; c < chunks; c += NINFER_WARP) {
+        float v[8];
+        unpack_bf8(ldg16(x + c * 8), v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+    }
+    ss = warp_sum1(ss);
+    const float inv = rsqrtf(ss / (float)a.dim + a.eps);
+    for (int c = lane; c < chunks; c += NINFER_WARP) {
+        float v[8], w[8];
+        unpack_bf8(*reinterpret_cast<const uint4*>(x + c * 8), v);
+        unpack_bf8(ldg16(a.w + c * 8), w);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = v[i] * inv * (1.0f + w[i]);
+        *reinterpret_cast<uint4*>(y + c * 8) = pack_bf8(v);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) ninfer_add_rms_norm(NormArgs a) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    if (row >= a.rows) return;
+    const int lane = threadIdx.x;
+    bf16* h = a.h + (size_t)row * a.ldx;
+    const bf16* d = a.delta + (size_t)row * a.ldd;
+    bf16* y = a.y + (size_t)row * a.ldy;
+    const int chunks = a.dim / 8;
+    float ss = 0.f;
+    for (int c = lane; c < chunks; c += NINFER_WARP) {
+        float v[8], dv[8];
+        unpack_bf8(*reinterpret_cast<const uint4*>(h + c * 8), v);
+        unpack_bf8(ldg16(d + c * 8), dv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            v[i] = round_bf(v[i] + dv[i]);
+            ss += v[i] * v[i];
+        }
+        *reinterpret_cast<uint4*>(h + c * 8) = pack_bf8(v);
+    }
+    ss = warp_sum1(ss);
+    const float inv = rsqrtf(ss / (float)a.dim + a.eps);
+    for (int c = lane; c < chunks; c += NINFER_WARP) {
+        float v[8], w[8];
+        unpack_bf8(*reinterpret_cast<const uint4*>(h + c * 8), v);
+        unpack_bf8(ldg16(a.w + c * 8), w);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = v[i] * inv * (1.0f + w[i]);
+        *reinterpret_cast<uint4*>(y + c * 8) = pack_bf8(v);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) ninfer_gated_rms_norm(NormArgs a) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    if (row >= a.rows) return;
+    const int lane = threadIdx.x;
+    const bf16* x = a.x + (size_t)row * a.ldx;
+    const bf16* z = a.delta + (size_t)row * a.ldd;
+    bf16* y = a.y + (size_t)row * a.ldy;
+    const int chunks = a.dim / 8;
+    float ss = 0.f;
+    for (int c = lane; c < chunks; c += NINFER_WARP) {
+        float v[8];
+        unpack_bf8(ldg16(x + c * 8), v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+    }
+    ss = warp_sum1(ss);
+    const float inv = rsqrtf(ss / (float)a.dim + a.eps);
+    for (int c = lane; c < chunks; c += NINFER_WARP) {
+        float v[8], w[8], g[8];
+        unpack_bf8(*reinterpret_cast<const uint4*>(x + c * 8), v);
+        unpack_bf8(ldg16(a.w + c * 8), w);
+        unpack_bf8(ldg16(z + c * 8), g);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float m = round_bf(round_bf(v[i] * inv) * w[i]);
+            v[i] = m * silu(g[i]);
+        }
+        *reinterpret_cast<uint4*>(y + c * 8) = pack_bf8(v);
+    }
+}

@@ -1,0 +1,163 @@
+// Weight encodings of docs/format.md section 3, decoded in registers for the matrix-vector
+// kernels. Each encoding reads its row in "chunks": one 16-byte load of the main part per lane
+// (8 bf16, 16 q8, or 32 packed 4/6-bit elements), plus the matching scale bytes.
+// A matrix may be a bank of `experts` matrices of `rows` x `cols` stored back to back.
+#pragma once
+#include "common.cuh"
+
+// One (possibly banked) encoded matrix as the kernels see it. Pointers are the encoding's parts
+// in format.md order: bf16 {data}; q8_g32 {q, scales}; q6_g64 {ql, qh, scales};
+// q4_g32 {q, scales}; nvfp4 {codes, scales, global}.
+struct Mat {
+    const void* p0;
+    const void* p1;
+    const void* p2;
+    const float* global;  // nvfp4: [experts, segments] multipliers
+    int experts;
+    int rows;
+    int cols;
+    int segments;  // nvfp4: rows split into this many equal segments with their own global
+};
+static_assert(sizeof(Mat) == 48, "mirrored in crates/ninfer-kernels/src/gemv.rs");
+
+// Magic-number conversion of a byte b (0..255) to float: 2^23 + b as f32 bits, minus 2^23.
+// `bias` folds the encoding's zero point in: returns b - bias exactly.
+__device__ __forceinline__ float byte_to_f(uint32_t word, int i, float magic_minus_bias) {
+    const uint32_t sel = 0x7540u + (uint32_t)i;
+    return __uint_as_float(__byte_perm(word, 0x4b000000u, sel)) - magic_minus_bias;
+}
+#define MAGIC_2P23 8388608.0f
+
+struct EncBf16 {
+    static constexpr int CHUNK = 8;
+    struct Raw { uint4 d; };
+    __device__ static Raw load(const Mat& m, int e, int row, int c) {
+        const size_t base = ((size_t)e * m.rows + row) * m.cols;
+        return {ld_stream16(static_cast<const bf16*>(m.p0) + base + (size_t)c * CHUNK)};
+    }
+    __device__ static void dequant(const Raw& r, float w[CHUNK]) { unpack_bf8(r.d, w); }
+};
+
+struct EncQ8 {
+    static constexpr int CHUNK = 16;
+    struct Raw { uint4 q; uint16_t s; };
+    __device__ static Raw load(const Mat& m, int e, int row, int c) {
+        const size_t r = (size_t)e * m.rows + row;
+        Raw out;
+        out.q = ld_stream16(static_cast<const int8_t*>(m.p0) + r * m.cols + (size_t)c * CHUNK);
+        out.s = __ldg(static_cast<const uint16_t*>(m.p1) + r * (m.cols / 32) + c / 2);
+        return out;
+    }
+    __device__ static void dequant(const Raw& r, float w[CHUNK]) {
+        const float s = f16_bits_to_f(r.s);
+        const uint32_t q[4] = {r.q.x ^ 0x80808080u, r.q.y ^ 0x80808080u, r.q.z ^ 0x80808080u,
+                               r.q.w ^ 0x80808080u};
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) w[4 * j + i] = byte_to_f(q[j], i, MAGIC_2P23 + 128.f) * s;
+    }
+};
+
+struct EncQ4 {
+    static constexpr int CHUNK = 32;
+    struct Raw { uint4 q; uint16_t s; };
+    __device__ static Raw load(const Mat& m, int e, int row, int c) {
+        const size_t r = (size_t)e * m.rows + row;
+        Raw out;
+        out.q = ld_stream16(static_cast<const uint8_t*>(m.p0) + r * (m.cols / 2) + (size_t)c * 16);
+        out.s = __ldg(static_cast<const uint16_t*>(m.p1) + r * (m.cols / 32) + c);
+        return out;
+    }
+    __device__ static void dequant(const Raw& r, float w[CHUNK]) {
+        const float s = f16_bits_to_f(r.s);
+        const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t lo = q[j] & 0x0f0f0f0fu;         // elements 8j + 0, 2, 4, 6
+            const uint32_t hi = (q[j] >> 4) & 0x0f0f0f0fu;  // elements 8j + 1, 3, 5, 7
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                w[8 * j + 2 * i] = byte_to_f(lo, i, MAGIC_2P23 + 8.f) * s;
+                w[8 * j + 2 * i + 1] = byte_to_f(hi, i, MAGIC_2P23 + 8.f) * s;
+            }
+        }
+    }
+};
+
+struct EncQ6 {
+    static constexpr int CHUNK = 32;
+    struct Raw { uint4 ql; uint2 qh; uint16_t s; };
+    __device__ static Raw load(const Mat& m, int e, int row, int c) {
+        const size_t r = (size_t)e * m.rows + row;
+        Raw out;
+        out.ql = ld_stream16(static_cast<const uint8_t*>(m.p0) + r * (m.cols / 2) + (size_t)c * 16);
+        out.qh = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(m.p1) +
+                                                      r * (m.cols / 4) + (size_t)c * 8));
+        out.s = __ldg(static_cast<const uint16_t*>(m.p2) + r * (m.cols / 64) + c / 2);
+        return out;
+    }
+    __device__ static void dequant(const Raw& r, float w[CHUNK]) {
+        const float s = f16_bits_to_f(r.s);
+        const uint32_t ql[4] = {r.ql.x, r.ql.y, r.ql.z, r.ql.w};
+        const uint32_t qh[2] = {r.qh.x, r.qh.y};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            // ql word j holds elements 8j..8j+7; their high bits are the 16 bits of qh starting
+            // at bit 16*(j%2) of qh word j/2, element 8j+m at bits 2m..2m+1.
+            const uint32_t h = qh[j / 2] >> (16 * (j % 2));
+            const uint32_t lo = ql[j] & 0x0f0f0f0fu;
+            const uint32_t hi = (ql[j] >> 4) & 0x0f0f0f0fu;
+            uint32_t he = 0, ho = 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                he |= ((h >> (4 * i)) & 3u) << (8 * i + 4);      // element 8j + 2i
+                ho |= ((h >> (4 * i + 2)) & 3u) << (8 * i + 4);  // element 8j + 2i + 1
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                w[8 * j + 2 * i] = byte_to_f(lo | he, i, MAGIC_2P23 + 32.f) * s;
+                w[8 * j + 2 * i + 1] = byte_to_f(hi | ho, i, MAGIC_2P23 + 32.f) * s;
+            }
+        }
+    }
+};
+
+struct EncNvfp4 {
+    static constexpr int CHUNK = 32;
+    struct Raw { uint4 q; uint16_t s; };
+    __device__ static Raw load(const Mat& m, int e, int row, int c) {
+        const size_t r = (size_t)e * m.rows + row;
+        Raw out;
+        out.q = ld_stream16(static_cast<const uint8_t*>(m.p0) + r * (m.cols / 2) + (size_t)c * 16);
+        out.s = __ldg(reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(m.p1) +
+                                                        r * (m.cols / 16) + (size_t)c * 2));
+        return out;
+    }
+    __device__ static void dequant(const Raw& r, float w[CHUNK]) {
+        const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+        const float s0 = e4m3_to_f((uint8_t)(r.s & 0xff)) * E2M1_UNSCALE;
+        const float s1 = e4m3_to_f((uint8_t)(r.s >> 8)) * E2M1_UNSCALE;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float s = j < 2 ? s0 : s1;  // 16 elements (two words) per block scale
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float2 f = __half22float2(e2m1x2_to_h2_scaled((q[j] >> (8 * i)) & 0xffu));
+                w[8 * j + 2 * i] = f.x * s;
+                w[8 * j + 2 * i + 1] = f.y * s;
+            }
+        }
+    }
+};
+
+// Per-row multiplier applied after the dot product: the nvfp4 global of the row's segment.
+template <typename Enc>
+__device__ __forceinline__ float row_multiplier(const Mat& m, int e, int row) {
+    return 1.0f;
+}
+template <>
+__device__ __forceinline__ float row_multiplier<EncNvfp4>(const Mat& m, int e, int row) {
+    const int seg = row / (m.rows / m.segments);
+    return __ldg(m.global + (size_t)e * m.segments + seg);
+}

@@ -1,0 +1,103 @@
+// Per-head q/k norm and partial rotary embedding of the full-attention layers
+// (model-spec.md 2.3 steps 3-4), in place on bf16 heads.
+//
+// ninfer_qk_norm_rope
+//   Heads: q head h of token t at q + t*q_ld + h*q_hs (q_heads of them), k head h at
+//   k + t*k_ld + h*k_hs (k_heads), each `dim` contiguous bf16 (q_hs = 2*dim on the q_proj
+//   output, whose per-head gate half is left alone).
+//   1. Optional zero-centred RMSNorm over the head (q_norm / k_norm; null weight = skip):
+//      x = bf16(x / sqrt(mean(x^2) + eps) * (1 + w)), f32 math.
+//   2. Rotate-half RoPE on dims [0, rot): for j < rot/2, inv_freq_j = 1 / theta^(2j / rot) (f32),
+//      angle = f32(pos[t]) * inv_freq_j, c = bf16(cos(angle)), s = bf16(sin(angle)) (transformers
+//      rounds cos/sin to the model dtype), and with transformers' bf16 arithmetic
+//        x'[j]         = bf16(bf16(x[j] * c)         - bf16(x[j + rot/2] * s))
+//        x'[j + rot/2] = bf16(bf16(x[j + rot/2] * c) + bf16(x[j] * s))
+//      dims [rot, dim) are unchanged. Positions are 1-D (text: all mRoPE axes equal).
+//   Limits: dim % 8 == 0, dim <= 512, rot even and <= dim, head starts 16-byte aligned.
+//   Launch: block 128 = 4 warps, one head per warp, grid ceil(tokens * (q_heads + k_heads) / 4).
+#include "common.cuh"
+
+#define ROPE_MAX_DIM 512
+
+struct RopeArgs {
+    bf16* q;
+    bf16* k;
+    const bf16* q_norm;
+    const bf16* k_norm;
+    const int* pos;
+    int tokens;
+    int q_heads;
+    int k_heads;
+    int q_ld;
+    int q_hs;
+    int k_ld;
+    int k_hs;
+    int dim;
+    int rot;
+    float theta;
+    float eps;
+    int pad;
+};
+static_assert(sizeof(RopeArgs) == 88, "mirrored in crates/ninfer-kernels/src/rope.rs");
+
+extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a) {
+    __shared__ float buf[4][ROPE_MAX_DIM];
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int heads = a.q_heads + a.k_heads;
+    const int item = blockIdx.x * 4 + warp;
+    if (item >= a.tokens * heads) return;
+    const int t = item / heads;
+    const int h = item - t * heads;
+    const bool is_q = h < a.q_heads;
+    bf16* x = is_q ? a.q + (size_t)t * a.q_ld + (size_t)h * a.q_hs
+                   : a.k + (size_t)t * a.k_ld + (size_t)(h - a.q_heads) * a.k_hs;
+    const bf16* w = is_q ? a.q_norm : a.k_norm;
+    float* row = buf[warp];
+    const int chunks = a.dim / 8;
+    float ss = 0.f;
+    for (int c = lane; c < chunks; c += 32) {
+        float v[8];
+        unpack_bf8(*reinterpret_cast<const uint4*>(x + c * 8), v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            row[c * 8 + i] = v[i];
+            ss += v[i] * v[i];
+        }
+    }
+    ss = warp_sum1(ss);
+    if (w != nullptr) {
+        const float inv = rsqrtf(ss / (float)a.dim + a.eps);
+        for (int c = lane; c < chunks; c += 32) {
+            float wv[8];
+            unpack_bf8(ldg16(w + c * 8), wv);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) row[c * 8 + i] = round_bf(row[c * 8 + i] * inv * (1.f + wv[i]));
+        }
+    }
+    __syncwarp();
+    const int half = a.rot / 2;
+    const float p = (float)a.pos[t];
+    for (int c = lane; c < chunks; c += 32) {
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int d = c * 8 + i;
+            float out = row[d];
+            if (d < a.rot) {
+                const int j = d < half ? d : d - half;
+                const float inv_freq = 1.0f / powf(a.theta, (float)(2 * j) / (float)a.rot);
+                const float ang = p * inv_freq;
+                const float cs = round_bf(cosf(ang));
+                const float sn = round_bf(sinf(ang));
+                if (d < half) {
+                    out = round_bf(round_bf(row[d] * cs) - round_bf(row[d + half] * sn));
+                } else {
+                    out = round_bf(round_bf(row[d] * cs) + round_bf(row[d - half] * sn));
+                }
+            }
+            v[i] = out;
+        }
+        *reinterpret_cast<uint4*>(x + c * 8) = pack_bf8(v);
+    }
+}
