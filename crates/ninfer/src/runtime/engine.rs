@@ -196,8 +196,9 @@ impl Engine {
         self.shared.queue.lock().unwrap_or_else(|p| p.into_inner()).stats
     }
 
-    /// Queues a request; its events go to `sink` (on the scheduler thread). Returns its id.
-    pub fn submit(&self, prompt: Vec<u32>, params: SamplingParams, sink: EventSink) -> Result<u64, EngineError> {
+    /// Queues a request; its events go to the sink that `make_sink` builds for the request's id
+    /// (called on the scheduler thread; it must not block). Returns the id.
+    pub fn submit(&self, prompt: Vec<u32>, params: SamplingParams, make_sink: impl FnOnce(u64) -> EventSink) -> Result<u64, EngineError> {
         params.validate().map_err(EngineError::Invalid)?;
         if prompt.is_empty() {
             return Err(EngineError::Invalid("the prompt is empty".into()));
@@ -216,7 +217,7 @@ impl Engine {
         if q.pending.len() >= self.options.max_pending {
             return Err(EngineError::QueueFull(q.pending.len()));
         }
-        q.pending.push_back(Request { id, prompt, params, sink });
+        q.pending.push_back(Request { id, prompt, params, sink: make_sink(id) });
         q.stats.waiting = q.pending.len();
         drop(q);
         self.shared.wake.notify_all();
@@ -233,7 +234,7 @@ impl Engine {
     /// Streams a request's events; dropping the stream cancels the request.
     pub fn stream(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<Stream<'_>, EngineError> {
         let (tx, rx) = mpsc::channel();
-        let id = self.submit(prompt, params, Box::new(move |e| drop(tx.send(e))))?;
+        let id = self.submit(prompt, params, move |_| Box::new(move |e| drop(tx.send(e))))?;
         Ok(Stream { engine: self, id, rx, done: false })
     }
 
