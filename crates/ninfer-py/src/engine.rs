@@ -107,16 +107,17 @@ fn event_dict<'py>(py: Python<'py>, e: Event) -> PyResult<Bound<'py, PyDict>> {
     Ok(d)
 }
 
-#[pyclass(name = "Engine", module = "ninfer._core")]
+#[pyclass(name = "Engine", module = "ninfer._core", frozen)]
 struct PyEngine {
-    inner: Option<Engine>,
+    inner: std::sync::RwLock<Option<std::sync::Arc<Engine>>>,
     tx: mpsc::Sender<(u64, Event)>,
     rx: Mutex<mpsc::Receiver<(u64, Event)>>,
 }
 
 impl PyEngine {
-    fn e(&self) -> PyResult<&Engine> {
-        self.inner.as_ref().ok_or_else(|| PyValueError::new_err("the engine is closed"))
+    fn e(&self) -> PyResult<std::sync::Arc<Engine>> {
+        let g = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        g.clone().ok_or_else(|| PyValueError::new_err("the engine is closed"))
     }
 }
 
@@ -137,7 +138,7 @@ impl PyEngine {
         let opts = EngineOptions { device, max_concurrency, max_context, max_pending, prefill_chunk };
         let inner = py.detach(|| Engine::open(&path, opts)).map_err(engine_err)?;
         let (tx, rx) = mpsc::channel();
-        Ok(PyEngine { inner: Some(inner), tx, rx: Mutex::new(rx) })
+        Ok(PyEngine { inner: std::sync::RwLock::new(Some(std::sync::Arc::new(inner))), tx, rx: Mutex::new(rx) })
     }
 
     #[getter]
@@ -187,7 +188,8 @@ impl PyEngine {
 
     #[pyo3(signature = (ids, skip_special = false))]
     fn decode(&self, ids: Vec<u32>, skip_special: bool) -> PyResult<String> {
-        let t = self.e()?.tokenizer().ok_or_else(|| PyValueError::new_err("this artifact has no tokenizer"))?;
+        let e = self.e()?;
+        let t = e.tokenizer().ok_or_else(|| PyValueError::new_err("this artifact has no tokenizer"))?;
         Ok(t.decode(&ids, skip_special))
     }
 
@@ -238,15 +240,16 @@ impl PyEngine {
     }
 
     /// Stops the scheduler (pending requests end with an error event).
-    fn close(&mut self, py: Python<'_>) {
-        if let Some(e) = self.inner.take() {
+    fn close(&self, py: Python<'_>) {
+        let taken = self.inner.write().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(e) = taken {
             py.detach(move || drop(e));
         }
     }
 }
 
 /// One backend driven directly, step by step, without the scheduler.
-#[pyclass(name = "Runner", module = "ninfer._core")]
+#[pyclass(name = "Runner", module = "ninfer._core", frozen)]
 struct PyRunner {
     backend: Mutex<Box<dyn Backend>>,
 }
@@ -297,7 +300,7 @@ impl PyRunner {
     }
 }
 
-#[pyclass(name = "Tokenizer", module = "ninfer._core")]
+#[pyclass(name = "Tokenizer", module = "ninfer._core", frozen)]
 struct PyTokenizer {
     inner: Tokenizer,
 }
