@@ -32,7 +32,8 @@ mkdir -p "$logs"
 bins=()
 if [ -n "$bin_dir" ]; then
     for f in "$bin_dir"/*; do
-        [ -f "$f" ] && [ -x "$f" ] && bins+=("$f")
+        # test executables only: ELF files, not scripts or logs beside them
+        [ -f "$f" ] && [ -x "$f" ] && [ "$(head -c 4 "$f" | od -An -c | tr -d " ")" = "177ELF" ] && bins+=("$f")
     done
 else
     while IFS= read -r exe; do

@@ -521,14 +521,14 @@ def test_errors_name_the_problem(bf16_ckpt: tuple[Path, Any], tmp_path: Path) ->
 def test_cli_convert(bf16_ckpt: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src, _ = bf16_ckpt
     out = tmp_path / "cli.ninfer"
-    assert main(["convert", str(src), str(out), "--recipe", "bf16", "--components", "text"]) == 0
+    assert main(["convert", str(src), "-o", str(out), "--recipe", "bf16", "--components", "text"]) == 0
     err = capsys.readouterr().err
     assert "wrote cli.ninfer" in err and f"/{n_tensors(tiny_text_config(), mtp=False)}]" in err
     assert set(json.loads(_core.Artifact(str(out)).header_json())["components"]) == {"text"}
     for argv, message in [
-        (["convert", str(tmp_path / "nope"), str(out)], "not a directory"),
-        (["convert", str(src), str(tmp_path / "y.ninfer"), "--recipe", "fp2"], "unknown recipe"),
-        (["convert", str(src), str(out)], "already exists"),
+        (["convert", str(tmp_path / "nope"), "-o", str(out)], "not a directory"),
+        (["convert", str(src), "-o", str(tmp_path / "y.ninfer"), "--recipe", "fp2"], "unknown recipe"),
+        (["convert", str(src), "-o", str(out)], "already exists"),
     ]:
         assert main(argv) == 2
         err = capsys.readouterr().err

@@ -39,7 +39,7 @@ def _configure_convert(p: argparse.ArgumentParser) -> None:
     from ninfer.convert import RECIPES
 
     p.add_argument("source", help="Hugging Face checkpoint directory (config.json + *.safetensors)")
-    p.add_argument("output", help="artifact file to write (or an existing directory to write into)")
+    p.add_argument("-o", "--output", required=True, help="artifact file to write (or an existing directory to write into)")
     p.add_argument(
         "--recipe",
         default="bf16",
@@ -97,9 +97,157 @@ def _run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", help="a .ninfer artifact (default: the demo model bundled with ninfer)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run (default: auto)")
+    p.add_argument("--max-context", type=int, default=8192, help="longest sequence in tokens")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, help="0 = greedy (default: the model's generation_config, else 1.0)")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _open_engine(args: argparse.Namespace, **options: object):
+    from ninfer import Engine
+
+    try:
+        return Engine(args.model, device=args.device, max_context=args.max_context, **options)
+    except (ValueError, FileNotFoundError) as e:
+        raise CliError(str(e)) from None
+
+
+def _sampling(args: argparse.Namespace, engine) -> "SamplingParams":
+    from ninfer import SamplingParams
+
+    gen = engine.generation_config
+    pick = lambda v, key, default: v if v is not None else gen.get(key, default)  # noqa: E731
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=pick(args.temperature, "temperature", 1.0),
+        top_k=pick(args.top_k, "top_k", 0),
+        top_p=pick(args.top_p, "top_p", 1.0),
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=args.stop,
+    )
+
+
+def _stream_to_stdout(engine, prompt, params) -> str:
+    out = []
+    try:
+        for d in engine.stream(prompt, params):
+            sys.stdout.write(d.text)
+            sys.stdout.flush()
+            out.append(d.text)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    return "".join(out)
+
+
+def _configure_generate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", help="the prompt text (raw, no chat template; see `ninfer chat`)")
+    _add_engine_args(p)
+    _add_sampling_args(p)
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    engine = _open_engine(args)
+    with engine:
+        sys.stdout.write(args.prompt)
+        _stream_to_stdout(engine, args.prompt, _sampling(args, engine))
+        sys.stdout.write("\n")
+    return 0
+
+
+def _configure_chat(p: argparse.ArgumentParser) -> None:
+    _add_engine_args(p)
+    _add_sampling_args(p)
+    p.add_argument("--system", help="system prompt")
+    p.add_argument("--no-think", action="store_true", help="disable thinking (enable_thinking=false)")
+
+
+def _run_chat(args: argparse.Namespace) -> int:
+    from ninfer.parsers import parse_output
+
+    engine = _open_engine(args)
+    messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
+    print(f"ninfer chat: {engine.path.name} on {engine.device}; an empty line or Ctrl-D ends", file=sys.stderr)
+    with engine:
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                break
+            if not line.strip():
+                break
+            messages.append({"role": "user", "content": line})
+            prompt = engine.render_chat(messages, enable_thinking=not args.no_think)
+            text = _stream_to_stdout(engine, prompt, _sampling(args, engine))
+            print()
+            reasoning, content, _ = parse_output(text, None, thinking=not args.no_think)
+            messages.append({"role": "assistant", "content": content, "reasoning_content": reasoning})
+    return 0
+
+
+def _configure_perplexity(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="a UTF-8 text file")
+    p.add_argument("--model", "-m", help="a .ninfer artifact (default: the bundled demo model)")
+    p.add_argument("--device", default="cpu", choices=["cpu"], help="backend (cpu)")
+    p.add_argument("--context", type=int, default=512, help="window length in tokens")
+    p.add_argument("--stride", type=int, help="tokens between window starts (default: the context: no overlap)")
+    p.add_argument("--json", action="store_true")
+
+
+def _run_perplexity(args: argparse.Namespace) -> int:
+    from ninfer.engine import default_model_path
+    from ninfer.perplexity import perplexity
+
+    model = args.model or str(default_model_path())
+    try:
+        text = open(args.file, encoding="utf-8").read()
+        r = perplexity(model, text, args.context, args.stride, args.device)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CliError(str(e)) from None
+    if args.json:
+        print(json.dumps({"perplexity": r.perplexity, "nll": r.nll, "tokens_scored": r.tokens_scored, "tokens": r.tokens_total, "windows": r.windows, "seconds": r.seconds, "tokens_per_second": r.tokens_per_second}))
+    else:
+        print(f"perplexity {r.perplexity:.4f} over {r.tokens_scored} tokens ({r.windows} windows of {args.context}), {r.tokens_per_second:.1f} tok/s")
+    return 0
+
+
+def _configure_doctor(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", help="also check whether this artifact fits in GPU memory")
+    p.add_argument("--context", type=int, default=32768, help="context to plan for (tokens)")
+    p.add_argument("--concurrency", type=int, default=1, help="sequences to plan for")
+    p.add_argument("--json", action="store_true")
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    from ninfer.doctor import format_report, gather, to_json
+
+    try:
+        report = gather(args.model, args.context, args.concurrency)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    print(to_json(report) if args.json else format_report(report))
+    return 0
+
+
 COMMANDS: dict[str, Command] = {
     "convert": Command("convert a Hugging Face checkpoint into a .ninfer artifact", _configure_convert, _run_convert),
     "inspect": Command("describe a .ninfer artifact (and verify its checksums)", _configure_inspect, _run_inspect),
+    "generate": Command("complete a prompt, streaming the text", _configure_generate, _run_generate),
+    "chat": Command("chat with a model in the terminal (multi-turn, streaming)", _configure_chat, _run_chat),
+    "perplexity": Command("windowed perplexity of a text file", _configure_perplexity, _run_perplexity),
+    "doctor": Command("check Python, the build, the driver and GPUs, and whether a model fits", _configure_doctor, _run_doctor),
 }
 
 
