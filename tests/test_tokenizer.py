@@ -32,7 +32,7 @@ def reference():
 
 @pytest.fixture(scope="module")
 def fixture_json() -> str:
-    return gzip.decompress((FIXTURES / "qwen3_6_tokenizer.json.gz").read_bytes()).decode("utf-8")
+    return gzip.decompress((Path(__file__).parent.parent / "python" / "ninfer" / "models" / "qwen3_6_tokenizer.json.gz").read_bytes()).decode("utf-8")
 
 
 @pytest.fixture(scope="module")

@@ -241,12 +241,68 @@ def _run_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _configure_synth(p: argparse.ArgumentParser) -> None:
+    from ninfer.synth import PRESETS
+
+    p.add_argument("--preset", required=True, choices=sorted(PRESETS), help="which model's shapes and encodings")
+    p.add_argument("-o", "--output", required=True, help="artifact file to write")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="replace the output file if it exists")
+
+
+def _run_synth(args: argparse.Namespace) -> int:
+    import os
+
+    from ninfer.synth import synth
+
+    if os.path.exists(args.output) and not args.force:
+        raise CliError(f"{args.output} already exists (use --force to replace it)")
+    synth(args.preset, args.output, args.seed)
+    return 0
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("values must be positive")
+    return values
+
+
+def _configure_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a .ninfer artifact (e.g. from `ninfer synth`)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--reps", type=int, default=3, help="measured repetitions per figure (after one warm-up)")
+    p.add_argument("--prefill", type=_ints, default=(512, 4096, 16384), help="prompt lengths for ppN")
+    p.add_argument("--concurrency", type=_ints, default=(1, 4, 16), help="concurrent sequences for tg")
+    p.add_argument("--tg-prompt", type=int, default=512, help="prompt length before decoding")
+    p.add_argument("--tg-tokens", type=int, default=128, help="tokens decoded per sequence")
+    p.add_argument("--json", action="store_true")
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from ninfer.bench import format_result, run_bench
+
+    try:
+        r = run_bench(args.model, args.device, args.reps, args.prefill, args.concurrency, args.tg_prompt, args.tg_tokens)
+    except (ValueError, FileNotFoundError) as e:
+        raise CliError(str(e)) from None
+    print(json.dumps(asdict(r), indent=1) if args.json else format_result(r))
+    return 0
+
+
 COMMANDS: dict[str, Command] = {
     "convert": Command("convert a Hugging Face checkpoint into a .ninfer artifact", _configure_convert, _run_convert),
     "inspect": Command("describe a .ninfer artifact (and verify its checksums)", _configure_inspect, _run_inspect),
     "generate": Command("complete a prompt, streaming the text", _configure_generate, _run_generate),
     "chat": Command("chat with a model in the terminal (multi-turn, streaming)", _configure_chat, _run_chat),
     "perplexity": Command("windowed perplexity of a text file", _configure_perplexity, _run_perplexity),
+    "synth": Command("write a synthetic artifact: real shapes and encodings, random values", _configure_synth, _run_synth),
+    "bench": Command("measure prefill and decode speed through the engine", _configure_bench, _run_bench),
     "doctor": Command("check Python, the build, the driver and GPUs, and whether a model fits", _configure_doctor, _run_doctor),
 }
 

@@ -305,7 +305,7 @@ mod tests {
     fn qwen() -> &'static Tokenizer {
         static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
         TOKENIZER.get_or_init(|| {
-            let gz = std::fs::read(format!("{FIXTURES}/qwen3_6_tokenizer.json.gz")).unwrap();
+            let gz = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../python/ninfer/models/qwen3_6_tokenizer.json.gz")).unwrap();
             let mut json = Vec::new();
             flate2::read::GzDecoder::new(&gz[..])
                 .read_to_end(&mut json)

@@ -130,6 +130,10 @@ class Generation:
         self._done = False
         self._eos = set(engine.eos_token_ids)
 
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self._prepared.prompt_ids)
+
     def start(self) -> None:
         """Submits the request; raises ApiError for a full queue or a rejected request."""
         loop = asyncio.get_running_loop()

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.engine import SamplingParams
-from ninfer.server.errors import bad_request
+from ninfer.server.errors import ApiError, bad_request
 
 __all__ = [
     "SAMPLING_FIELDS",
     "Field",
     "GenerationRequest",
+    "check_model",
     "read_object",
     "read_stop",
     "sampling_fields",
@@ -111,6 +112,17 @@ def read_object(
         if spec.required and key not in out:
             raise bad_request(f"`{_where(path, key)}` is required", _where(path, key))
     return out
+
+
+def check_model(model: str, served: str) -> None:
+    """A request must name the served model (its id from `--model-id`)."""
+    if model != served:
+        raise ApiError(
+            404,
+            f"the model `{model}` does not exist; this server serves `{served}`",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def read_stop(value: Any, param: str) -> list[str]:

@@ -77,15 +77,6 @@ class ServerState:
             raise ApiError(503, f"the model failed to load: {self.load_error}")
         raise ApiError(503, "the model is still loading; retry shortly", headers={"Retry-After": "2"})
 
-    def check_model(self, model: str) -> None:
-        if model != self.model_id:
-            raise ApiError(
-                404,
-                f"the model `{model}` does not exist; this server serves `{self.model_id}`",
-                param="model",
-                code="model_not_found",
-            )
-
 
 STATE = web.AppKey("ninfer_state", ServerState)
 ARRIVAL = "ninfer_arrival"  # request key: time.monotonic() when the request came in
