@@ -27,12 +27,13 @@
 //
 // ninfer_attention_combine: per (token, head): M = max m_i, L = sum l_i 2^(m_i - M),
 //   o = sum part_o_i 2^(m_i - M) / L, then the same gate and rounding as above.
-//   Launch: block (dim / 8), grid (T * q_heads).
+//   splits <= 128. Launch: block 256, grid (T * q_heads).
 #include "common.cuh"
 
 #define ATT_TILE 32
 #define ATT_ROWS 32
 #define ATT_MAX_DIM 256
+#define ATT_MAX_SPLITS 128  // mirrored by ATTN_MAX_SPLITS in src/attention.rs
 #define ATT_THREADS 256
 #define ATT_ITEMS (ATT_ROWS * ATT_MAX_DIM / 8 / ATT_THREADS)
 
@@ -278,28 +279,48 @@ struct CombineArgs {
 };
 static_assert(sizeof(CombineArgs) == 56, "mirrored in crates/ninfer-kernels/src/attention.rs");
 
-extern "C" __global__ void __launch_bounds__(64) ninfer_attention_combine(CombineArgs a) {
+extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(CombineArgs a) {
+    __shared__ float weight[ATT_MAX_SPLITS];  // 2^(m_i - M) per split
+    __shared__ float o_row[ATT_MAX_DIM];
+    __shared__ float red[8];
     const int row = blockIdx.x;
-    const int c = threadIdx.x;
-    if (row >= a.rows || c >= a.dim / 8) return;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int t = row / a.q_heads, h = row - t * a.q_heads;
     const float* ml = a.part_ml + (size_t)row * a.splits * 2;
+    float m = -INFINITY;
+    for (int i = tid; i < a.splits; i += 256) m = fmaxf(m, ml[2 * i]);
+    m = warp_max1(m);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
     float M = -INFINITY;
-    for (int i = 0; i < a.splits; ++i) M = fmaxf(M, ml[2 * i]);
-    float L = 0.f, o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int i = 0; i < a.splits; ++i) {
-        const float m = ml[2 * i];
-        if (m == -INFINITY) continue;
-        const float f = exp2f(m - M);
-        L += ml[2 * i + 1] * f;
-        const float4* src = reinterpret_cast<const float4*>(a.part_o + ((size_t)row * a.splits + i) * a.dim + c * 8);
-        const float4 x0 = src[0], x1 = src[1];
-        o[0] += x0.x * f; o[1] += x0.y * f; o[2] += x0.z * f; o[3] += x0.w * f;
-        o[4] += x1.x * f; o[5] += x1.y * f; o[6] += x1.z * f; o[7] += x1.w * f;
+    for (int w = 0; w < 8; ++w) M = fmaxf(M, red[w]);
+    __syncthreads();
+    float l = 0.f;
+    for (int i = tid; i < a.splits; i += 256) {
+        const float mi = ml[2 * i];
+        const float f = mi == -INFINITY ? 0.f : exp2f(mi - M);
+        weight[i] = f;
+        l += ml[2 * i + 1] * f;
     }
+    l = warp_sum1(l);
+    if (lane == 0) red[warp] = l;
+    __syncthreads();
+    float L = 0.f;
+    for (int w = 0; w < 8; ++w) L += red[w];
     const float inv = L > 0.f ? 1.f / L : 0.f;
+    // One thread per output dim; the split partials of a dim are read coalesced across threads.
+    for (int d = tid; d < a.dim; d += 256) {
+        const float* src = a.part_o + (size_t)row * a.splits * a.dim + d;
+        float o = 0.f;
+        for (int i = 0; i < a.splits; ++i) o = fmaf(src[(size_t)i * a.dim], weight[i], o);
+        o_row[d] = o * inv;
+    }
+    __syncthreads();
+    for (int c = tid; c < a.dim / 8; c += 256) {
+        float o[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] *= inv;
-    const bf16* g = a.gate ? a.gate + (size_t)t * a.q_ld + (size_t)h * a.q_hs + c * 8 : nullptr;
-    gate_store(a.out + (size_t)row * a.dim + c * 8, g, o);
+        for (int i = 0; i < 8; ++i) o[i] = o_row[c * 8 + i];
+        const bf16* g = a.gate ? a.gate + (size_t)t * a.q_ld + (size_t)h * a.q_hs + c * 8 : nullptr;
+        gate_store(a.out + (size_t)row * a.dim + c * 8, g, o);
+    }
 }

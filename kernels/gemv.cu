@@ -7,8 +7,8 @@
 //   its per-segment global; f32 accumulation; y [batch, ldy] written as bf16 (rounded once) or f32
 //   (out_f32). Launch: block 256 = 8 warps, one output row per warp, grid ceil(N / 8).
 //   K must be a multiple of 8 (bf16), 32 (q8_g32, q4_g32, nvfp4) or 64 (q6_g64): whole 16-byte
-//   chunks per lane and whole scale groups; every weight
-//   row and x row must start 16-byte aligned. y must not alias x or W.
+//   chunks per lane and whole scale groups. Every weight row and x row must start 16-byte
+//   aligned. y must not alias x or W.
 //
 // ninfer_moe_gate_up_<enc>
 //   For slot s < tokens*topk: token t = s / topk, expert e = ids[s]; for the optional shared
@@ -24,7 +24,7 @@
 //   in: bf16 [S, ldx] (the gate_up output), w: f32 routing weights per slot (the shared slot's
 //   weight is its sigmoid gate). y[t, n] = r (accumulate = 0) or y + r (accumulate = 1; for bf16
 //   y = bf16(y + bf16(r)), the residual add in the model dtype). Each output is produced by one
-//   warp, summing slots in order, so results are deterministic. Launch: block 256,
+//   warp (no atomics), so results are deterministic. Launch: block 256,
 //   grid (ceil(H / 8), tokens).
 #include "quant.cuh"
 
@@ -67,16 +67,24 @@ __device__ __forceinline__ void store_out(void* y, size_t idx, float v, int out_
     }
 }
 
-// acc += w . x over one chunk, x read as bf16 from global memory (L1-resident across warps).
-template <int CHUNK>
-__device__ __forceinline__ float chunk_dot(const float (&w)[CHUNK], const bf16* x) {
+// w . x over one chunk, each group's partial sum times its scale; x read as bf16 from global
+// memory (L1-resident across the warps of a block).
+template <typename Enc>
+__device__ __forceinline__ float chunk_dot(const float (&w)[Enc::CHUNK], const float (&sc)[Enc::GROUPS],
+                                           const bf16* x) {
+    constexpr int PER = Enc::CHUNK / Enc::GROUPS;
     float acc = 0.f;
 #pragma unroll
-    for (int v = 0; v < CHUNK / 8; ++v) {
-        float xf[8];
-        unpack_bf8(ldg16(x + v * 8), xf);
+    for (int g = 0; g < Enc::GROUPS; ++g) {
+        float part = 0.f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc = fmaf(w[v * 8 + i], xf[i], acc);
+        for (int v = 0; v < PER / 8; ++v) {
+            float xf[8];
+            unpack_bf8(ldg16(x + g * PER + v * 8), xf);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) part = fmaf(w[g * PER + v * 8 + i], xf[i], part);
+        }
+        acc = fmaf(part, sc[g], acc);
     }
     return acc;
 }
@@ -98,11 +106,11 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
         const int cn = c + 32;
         typename Enc::Raw next = raw;
         if (cn < nchunks) next = Enc::load(a.m, 0, row, cn);  // keep a second load in flight
-        float w[CH];
-        Enc::dequant(raw, w);
+        float w[CH], sc[Enc::GROUPS];
+        Enc::dequant(raw, w, sc);
 #pragma unroll
         for (int b = 0; b < NB; ++b)
-            if (b < a.batch) acc[b] += chunk_dot<CH>(w, a.x + (size_t)b * a.ldx + (size_t)c * CH);
+            if (b < a.batch) acc[b] += chunk_dot<Enc>(w, sc, a.x + (size_t)b * a.ldx + (size_t)c * CH);
         raw = next;
         c = cn;
     }
@@ -134,14 +142,27 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
     const bf16* x = a.x + (size_t)t * a.ldx;
     const int nchunks = m.cols / CH;
     float acc[2] = {0.f, 0.f};
-    for (int c = lane; c < nchunks; c += 32) {
-        const typename Enc::Raw rg = Enc::load(m, e, j, c);
-        const typename Enc::Raw ru = Enc::load(m, e, inter + j, c);
-        float w[CH];
-        Enc::dequant(rg, w);
-        acc[0] += chunk_dot<CH>(w, x + (size_t)c * CH);
-        Enc::dequant(ru, w);
-        acc[1] += chunk_dot<CH>(w, x + (size_t)c * CH);
+    int c = lane;
+    typename Enc::Raw rg, ru;
+    if (c < nchunks) {
+        rg = Enc::load(m, e, j, c);
+        ru = Enc::load(m, e, inter + j, c);
+    }
+    while (c < nchunks) {
+        const int cn = c + 32;
+        typename Enc::Raw ng = rg, nu = ru;
+        if (cn < nchunks) {  // keep the next chunk's loads in flight
+            ng = Enc::load(m, e, j, cn);
+            nu = Enc::load(m, e, inter + j, cn);
+        }
+        float w[CH], sc[Enc::GROUPS];
+        Enc::dequant(rg, w, sc);
+        acc[0] += chunk_dot<Enc>(w, sc, x + (size_t)c * CH);
+        Enc::dequant(ru, w, sc);
+        acc[1] += chunk_dot<Enc>(w, sc, x + (size_t)c * CH);
+        rg = ng;
+        ru = nu;
+        c = cn;
     }
     warp_sum(acc);
     if (lane == 0) {
@@ -150,6 +171,8 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
         *out = f2bf(round_bf(silu(g)) * u);
     }
 }
+
+#define DOWN_BATCH 6
 
 template <typename Enc>
 __device__ __forceinline__ void down_body(const BankArgs& a) {
@@ -163,19 +186,38 @@ __device__ __forceinline__ void down_body(const BankArgs& a) {
     const int nslots = routed + (a.has_shared ? 1 : 0);
     float acc = 0.f;
     // (slot, chunk) pairs are spread over the lanes so that short rows (I = 512) keep every
-    // lane busy; each lane applies its slot's routing weight to its partial dot product.
-    for (int idx = lane; idx < nslots * nchunks; idx += 32) {
-        const int j = idx / nchunks;
-        const int c = idx - j * nchunks;
-        const bool shared = j >= routed;
-        const int s = shared ? a.tokens * a.topk + t : t * a.topk + j;
-        const Mat m = shared ? a.shared : a.bank;
-        const int e = shared ? 0 : __ldg(a.ids + s);
-        if (e < 0 || e >= m.experts) continue;
-        float w[CH];
-        Enc::dequant(Enc::load(m, e, n, c), w);
-        const float d = chunk_dot<CH>(w, a.x + (size_t)s * a.ldx + (size_t)c * CH);
-        acc += __ldg(a.route_w + s) * row_multiplier<Enc>(m, e, n) * d;
+    // lane busy; each lane issues the loads of up to DOWN_BATCH pairs before using any of them
+    // and applies each pair's routing weight to its partial dot product.
+    const int total = nslots * nchunks;
+    for (int base = lane; base < total; base += 32 * DOWN_BATCH) {
+        typename Enc::Raw raw[DOWN_BATCH];
+        int slot[DOWN_BATCH], expert[DOWN_BATCH], chunk[DOWN_BATCH];
+        bool use[DOWN_BATCH], shared[DOWN_BATCH];
+#pragma unroll
+        for (int k = 0; k < DOWN_BATCH; ++k) {
+            const int idx = base + 32 * k;
+            use[k] = false;
+            shared[k] = false;
+            if (idx < total) {
+                const int j = idx / nchunks;
+                chunk[k] = idx - j * nchunks;
+                shared[k] = j >= routed;
+                slot[k] = shared[k] ? a.tokens * a.topk + t : t * a.topk + j;
+                expert[k] = shared[k] ? 0 : __ldg(a.ids + slot[k]);
+                const Mat m = shared[k] ? a.shared : a.bank;
+                use[k] = expert[k] >= 0 && expert[k] < m.experts;
+                if (use[k]) raw[k] = Enc::load(m, expert[k], n, chunk[k]);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < DOWN_BATCH; ++k) {
+            if (!use[k]) continue;
+            const Mat m = shared[k] ? a.shared : a.bank;
+            float w[CH], sc[Enc::GROUPS];
+            Enc::dequant(raw[k], w, sc);
+            const float d = chunk_dot<Enc>(w, sc, a.x + (size_t)slot[k] * a.ldx + (size_t)chunk[k] * CH);
+            acc += __ldg(a.route_w + slot[k]) * row_multiplier<Enc>(m, expert[k], n) * d;
+        }
     }
     acc = warp_sum1(acc);
     if (lane == 0) store_out(a.y, (size_t)t * a.ldy + n, acc, a.out_f32, a.accumulate);

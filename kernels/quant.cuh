@@ -1,6 +1,8 @@
 // Weight encodings of docs/format.md section 3, decoded in registers for the matrix-vector
 // kernels. Each encoding reads its row in "chunks": one 16-byte load of the main part per lane
-// (8 bf16, 16 q8, or 32 packed 4/6-bit elements), plus the matching scale bytes.
+// (8 bf16, 16 q8, or 32 packed 4/6-bit elements), plus the matching scale bytes. `dequant`
+// yields the chunk's values without their scales and the GROUPS scales of the chunk's equal
+// parts, so that dot products apply each scale once per group instead of once per element.
 // A matrix may be a bank of `experts` matrices of `rows` x `cols` stored back to back.
 #pragma once
 #include "common.cuh"
@@ -30,16 +32,21 @@ __device__ __forceinline__ float byte_to_f(uint32_t word, int i, float magic_min
 
 struct EncBf16 {
     static constexpr int CHUNK = 8;
+    static constexpr int GROUPS = 1;
     struct Raw { uint4 d; };
     __device__ static Raw load(const Mat& m, int e, int row, int c) {
         const size_t base = ((size_t)e * m.rows + row) * m.cols;
         return {ld_stream16(static_cast<const bf16*>(m.p0) + base + (size_t)c * CHUNK)};
     }
-    __device__ static void dequant(const Raw& r, float w[CHUNK]) { unpack_bf8(r.d, w); }
+    __device__ static void dequant(const Raw& r, float w[CHUNK], float sc[GROUPS]) {
+        unpack_bf8(r.d, w);
+        sc[0] = 1.f;
+    }
 };
 
 struct EncQ8 {
     static constexpr int CHUNK = 16;
+    static constexpr int GROUPS = 1;
     struct Raw { uint4 q; uint16_t s; };
     __device__ static Raw load(const Mat& m, int e, int row, int c) {
         const size_t r = (size_t)e * m.rows + row;
@@ -48,19 +55,20 @@ struct EncQ8 {
         out.s = __ldg(static_cast<const uint16_t*>(m.p1) + r * (m.cols / 32) + c / 2);
         return out;
     }
-    __device__ static void dequant(const Raw& r, float w[CHUNK]) {
-        const float s = f16_bits_to_f(r.s);
+    __device__ static void dequant(const Raw& r, float w[CHUNK], float sc[GROUPS]) {
+        sc[0] = f16_bits_to_f(r.s);
         const uint32_t q[4] = {r.q.x ^ 0x80808080u, r.q.y ^ 0x80808080u, r.q.z ^ 0x80808080u,
                                r.q.w ^ 0x80808080u};
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) w[4 * j + i] = byte_to_f(q[j], i, MAGIC_2P23 + 128.f) * s;
+            for (int i = 0; i < 4; ++i) w[4 * j + i] = byte_to_f(q[j], i, MAGIC_2P23 + 128.f);
     }
 };
 
 struct EncQ4 {
     static constexpr int CHUNK = 32;
+    static constexpr int GROUPS = 1;
     struct Raw { uint4 q; uint16_t s; };
     __device__ static Raw load(const Mat& m, int e, int row, int c) {
         const size_t r = (size_t)e * m.rows + row;
@@ -69,8 +77,8 @@ struct EncQ4 {
         out.s = __ldg(static_cast<const uint16_t*>(m.p1) + r * (m.cols / 32) + c);
         return out;
     }
-    __device__ static void dequant(const Raw& r, float w[CHUNK]) {
-        const float s = f16_bits_to_f(r.s);
+    __device__ static void dequant(const Raw& r, float w[CHUNK], float sc[GROUPS]) {
+        sc[0] = f16_bits_to_f(r.s);
         const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -78,8 +86,8 @@ struct EncQ4 {
             const uint32_t hi = (q[j] >> 4) & 0x0f0f0f0fu;  // elements 8j + 1, 3, 5, 7
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                w[8 * j + 2 * i] = byte_to_f(lo, i, MAGIC_2P23 + 8.f) * s;
-                w[8 * j + 2 * i + 1] = byte_to_f(hi, i, MAGIC_2P23 + 8.f) * s;
+                w[8 * j + 2 * i] = byte_to_f(lo, i, MAGIC_2P23 + 8.f);
+                w[8 * j + 2 * i + 1] = byte_to_f(hi, i, MAGIC_2P23 + 8.f);
             }
         }
     }
@@ -87,6 +95,7 @@ struct EncQ4 {
 
 struct EncQ6 {
     static constexpr int CHUNK = 32;
+    static constexpr int GROUPS = 1;
     struct Raw { uint4 ql; uint2 qh; uint16_t s; };
     __device__ static Raw load(const Mat& m, int e, int row, int c) {
         const size_t r = (size_t)e * m.rows + row;
@@ -97,8 +106,8 @@ struct EncQ6 {
         out.s = __ldg(static_cast<const uint16_t*>(m.p2) + r * (m.cols / 64) + c / 2);
         return out;
     }
-    __device__ static void dequant(const Raw& r, float w[CHUNK]) {
-        const float s = f16_bits_to_f(r.s);
+    __device__ static void dequant(const Raw& r, float w[CHUNK], float sc[GROUPS]) {
+        sc[0] = f16_bits_to_f(r.s);
         const uint32_t ql[4] = {r.ql.x, r.ql.y, r.ql.z, r.ql.w};
         const uint32_t qh[2] = {r.qh.x, r.qh.y};
 #pragma unroll
@@ -116,8 +125,8 @@ struct EncQ6 {
             }
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                w[8 * j + 2 * i] = byte_to_f(lo | he, i, MAGIC_2P23 + 32.f) * s;
-                w[8 * j + 2 * i + 1] = byte_to_f(hi | ho, i, MAGIC_2P23 + 32.f) * s;
+                w[8 * j + 2 * i] = byte_to_f(lo | he, i, MAGIC_2P23 + 32.f);
+                w[8 * j + 2 * i + 1] = byte_to_f(hi | ho, i, MAGIC_2P23 + 32.f);
             }
         }
     }
@@ -125,6 +134,7 @@ struct EncQ6 {
 
 struct EncNvfp4 {
     static constexpr int CHUNK = 32;
+    static constexpr int GROUPS = 2;  // one E4M3 scale per 16 elements
     struct Raw { uint4 q; uint16_t s; };
     __device__ static Raw load(const Mat& m, int e, int row, int c) {
         const size_t r = (size_t)e * m.rows + row;
@@ -134,18 +144,17 @@ struct EncNvfp4 {
                                                         r * (m.cols / 16) + (size_t)c * 2));
         return out;
     }
-    __device__ static void dequant(const Raw& r, float w[CHUNK]) {
+    __device__ static void dequant(const Raw& r, float w[CHUNK], float sc[GROUPS]) {
         const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
-        const float s0 = e4m3_to_f((uint8_t)(r.s & 0xff)) * E2M1_UNSCALE;
-        const float s1 = e4m3_to_f((uint8_t)(r.s >> 8)) * E2M1_UNSCALE;
+        sc[0] = e4m3_to_f((uint8_t)(r.s & 0xff)) * E2M1_UNSCALE;
+        sc[1] = e4m3_to_f((uint8_t)(r.s >> 8)) * E2M1_UNSCALE;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const float s = j < 2 ? s0 : s1;  // 16 elements (two words) per block scale
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const float2 f = __half22float2(e2m1x2_to_h2_scaled((q[j] >> (8 * i)) & 0xffu));
-                w[8 * j + 2 * i] = f.x * s;
-                w[8 * j + 2 * i + 1] = f.y * s;
+                w[8 * j + 2 * i] = f.x;
+                w[8 * j + 2 * i + 1] = f.y;
             }
         }
     }

@@ -295,9 +295,62 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _configure_serve(p: argparse.ArgumentParser) -> None:
+    import os
+
+    p.add_argument("model", nargs="?", help=".ninfer artifact to serve (default: the bundled demo model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--model-id", help="model name clients send (default: the artifact file name without .ninfer)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("NINFER_API_KEY"),
+        help="require this key (Authorization: Bearer KEY or x-api-key: KEY); default: $NINFER_API_KEY, else none",
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto: the GPU when there is one)")
+    p.add_argument("--max-concurrency", type=int, help="sequences decoded together (engine default 8)")
+    p.add_argument("--max-context", type=int, help="tokens per sequence, prompt plus output (engine default 8192)")
+    p.add_argument("--max-pending", type=int, help="queued requests before answering 429 (engine default 256)")
+    p.add_argument("--prefill-chunk", type=int, help="prompt tokens per prefill step (engine default 512)")
+    p.add_argument("--kv-capacity", default="auto", help="KV cache size: auto or a number of tokens (reserved: not used by the engine yet)")
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from ninfer.server import ServerConfig, serve
+
+    if args.kv_capacity != "auto" and not (args.kv_capacity.isdigit() and int(args.kv_capacity) > 0):
+        raise CliError(f"--kv-capacity must be auto or a positive number of tokens, got {args.kv_capacity!r}")
+    for flag in ("max_concurrency", "max_context", "max_pending", "prefill_chunk"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise CliError(f"--{flag.replace('_', '-')} must be a positive number, got {value}")
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port must be in 0..65535, got {args.port}")
+    config = ServerConfig(
+        model=args.model,
+        model_id=args.model_id,
+        api_key=args.api_key or None,
+        device=args.device,
+        max_concurrency=args.max_concurrency,
+        max_context=args.max_context,
+        max_pending=args.max_pending,
+        prefill_chunk=args.prefill_chunk,
+    )
+    if not config.model_path().exists():
+        raise CliError(f"no such artifact: {config.model_path()}")
+    if args.kv_capacity != "auto":
+        print("note: --kv-capacity is reserved and has no effect yet", file=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return asyncio.run(serve(config, args.host, args.port))
+
+
 COMMANDS: dict[str, Command] = {
     "convert": Command("convert a Hugging Face checkpoint into a .ninfer artifact", _configure_convert, _run_convert),
     "inspect": Command("describe a .ninfer artifact (and verify its checksums)", _configure_inspect, _run_inspect),
+    "serve": Command("serve a model over the OpenAI and Anthropic APIs", _configure_serve, _run_serve),
     "generate": Command("complete a prompt, streaming the text", _configure_generate, _run_generate),
     "chat": Command("chat with a model in the terminal (multi-turn, streaming)", _configure_chat, _run_chat),
     "perplexity": Command("windowed perplexity of a text file", _configure_perplexity, _run_perplexity),

@@ -100,8 +100,8 @@ const TILE: usize = 32;
 const ROWS: usize = 32;
 /// Largest head dim of the attention kernel.
 pub const ATTN_MAX_DIM: usize = 256;
-/// Most KV splits one call uses.
-pub const ATTN_MAX_SPLITS: usize = 64;
+/// Most KV splits one call uses (`ATT_MAX_SPLITS` in kernels/attention.cu).
+pub const ATTN_MAX_SPLITS: usize = 128;
 
 fn smem_bytes(dim: usize) -> u32 {
     ((ROWS + 2 * TILE) * (dim + 8) * 2 + (ROWS * TILE + 3 * ROWS) * 4) as u32
@@ -304,8 +304,9 @@ impl KernelSet {
         let per_split = attention_workspace_len(batch.tokens, q_heads, dim, 1);
         let mut splits = 1;
         if let Some((_, wlen)) = workspace {
-            if base_blocks < self.num_sms() {
-                let want = (2 * self.num_sms()).div_ceil(base_blocks);
+            if base_blocks < 4 * self.num_sms() {
+                // Four resident blocks per multiprocessor hide the latency of the tile loads.
+                let want = (4 * self.num_sms()).div_ceil(base_blocks);
                 let tiles = batch.max_kv_len.div_ceil(TILE).max(1);
                 splits = want
                     .min(tiles)
@@ -374,7 +375,7 @@ impl KernelSet {
         };
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
-            block_dim: ((dim / 8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         self.launch_struct(stream, Kernel::AttentionCombine, cfg, &comb)

@@ -127,6 +127,22 @@ impl KernelSet {
         unsafe { builder.launch(cfg) }?;
         Ok(())
     }
+
+    /// As `launch_struct`, as a cooperative launch (all blocks resident, grid-wide barriers).
+    pub(crate) fn launch_cooperative_struct<A: DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        kernel: Kernel,
+        cfg: LaunchConfig,
+        args: &A,
+    ) -> Result<()> {
+        let func = self.function(kernel);
+        let mut builder = stream.launch_builder(func);
+        builder.arg(args);
+        // SAFETY: as in `launch_struct`; the caller sized the grid from the kernel's occupancy.
+        unsafe { builder.launch_cooperative(cfg) }?;
+        Ok(())
+    }
 }
 
 /// Marks a `#[repr(C)]` argument struct as passable to a kernel; its size is asserted here and

@@ -1,5 +1,6 @@
 //! Launchers of kernels/sample.cu: greedy argmax and temperature / top-k / top-p / min-p
-//! sampling driven by a caller-supplied uniform random number per row.
+//! sampling driven by a caller-supplied uniform random number per row. One cooperative launch
+//! spreads each row over many blocks, so a 248k vocabulary is not left to one multiprocessor.
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
 
@@ -27,14 +28,36 @@ struct SampleArgs {
     logits: u64,
     params: u64,
     out: u64,
+    ws: u64,
     rows: i32,
     vocab: i32,
     ld: i32,
     pad: i32,
 }
-device_args!(SampleArgs, 40);
+device_args!(SampleArgs, 48);
+
+const THREADS: u32 = 512;
+/// Most blocks one row is spread over (`SAMPLE_MAX_SLICES` in kernels/sample.cu).
+const MAX_SLICES: usize = 128;
+/// Scratch words per row for `slices` blocks (`SAMPLE_WS_WORDS`).
+fn ws_words(slices: usize) -> usize {
+    4097 + 4 * slices
+}
 
 impl KernelSet {
+    /// Blocks of the sampling kernel that can be resident at once on this device.
+    fn sample_capacity(&self) -> Result<usize> {
+        let per_sm = self
+            .function(Kernel::Sample)
+            .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)?;
+        Ok((per_sm as usize * self.num_sms()).max(1))
+    }
+
+    /// u32 words of scratch [`KernelSet::argmax`] and [`KernelSet::sample`] need for `rows` rows.
+    pub fn sample_workspace_len(&self, rows: usize) -> Result<usize> {
+        Ok(rows.min(self.sample_capacity()?).max(1) * ws_words(MAX_SLICES))
+    }
+
     /// `out[r]` = index of the largest of `logits[r*ld .. r*ld + vocab]` (ties to the lowest
     /// index, NaN never chosen).
     pub fn argmax(
@@ -45,8 +68,9 @@ impl KernelSet {
         vocab: usize,
         ld: usize,
         out: &mut impl DevicePtrMut<i32>,
+        workspace: &mut impl DevicePtrMut<u32>,
     ) -> Result<()> {
-        self.select(stream, Kernel::Argmax, logits, rows, vocab, ld, None, out)
+        self.select(stream, logits, rows, vocab, ld, None, out, workspace)
     }
 
     /// One token per row drawn from the filtered softmax of the logits (see kernels/sample.cu
@@ -60,38 +84,30 @@ impl KernelSet {
         ld: usize,
         params: &impl DevicePtr<SamplingRow>,
         out: &mut impl DevicePtrMut<i32>,
+        workspace: &mut impl DevicePtrMut<u32>,
     ) -> Result<()> {
         let c = Check::new(Kernel::Sample);
         c.len("params", params.len(), rows)?;
         let (pp, _gp) = dptr(params, stream);
-        self.select(
-            stream,
-            Kernel::Sample,
-            logits,
-            rows,
-            vocab,
-            ld,
-            Some(pp),
-            out,
-        )
+        self.select(stream, logits, rows, vocab, ld, Some(pp), out, workspace)
     }
 
     fn select(
         &self,
         stream: &CudaStream,
-        kernel: Kernel,
         logits: &impl DevicePtr<f32>,
         rows: usize,
         vocab: usize,
         ld: usize,
         params: Option<u64>,
         out: &mut impl DevicePtrMut<i32>,
+        workspace: &mut impl DevicePtrMut<u32>,
     ) -> Result<()> {
-        let c = Check::new(kernel);
+        let c = Check::new(Kernel::Sample);
         c.ensure(vocab > 0 && ld >= vocab, || {
             format!("vocab {vocab}, ld {ld}")
         })?;
-        let (ll, ol) = (logits.len(), out.len());
+        let (ll, ol, wl) = (logits.len(), out.len(), workspace.len());
         c.len(
             "logits",
             ll,
@@ -102,25 +118,41 @@ impl KernelSet {
             },
         )?;
         c.len("out", ol, rows)?;
+        c.i32("vocab", vocab)?;
+        c.i32("ld", ld)?;
         if rows == 0 {
             return Ok(());
         }
+        let capacity = self.sample_capacity()?;
+        let per_launch = rows.min(capacity);
+        let slices = (capacity / per_launch)
+            .clamp(1, MAX_SLICES)
+            .min(vocab.div_ceil(1024).max(1));
+        c.len("workspace", wl, per_launch * ws_words(slices))?;
         let (lp, _gl) = dptr(logits, stream);
         let (op, _go) = dptr_mut(out, stream);
-        let args = SampleArgs {
-            logits: lp,
-            params: params.unwrap_or(0),
-            out: op,
-            rows: c.i32("rows", rows)?,
-            vocab: c.i32("vocab", vocab)?,
-            ld: c.i32("ld", ld)?,
-            pad: 0,
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (c.i32("rows", rows)? as u32, 1, 1),
-            block_dim: (1024, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.launch_struct(stream, kernel, cfg, &args)
+        let (wp, _gw) = dptr_mut(workspace, stream);
+        let mut r0 = 0;
+        while r0 < rows {
+            let n = per_launch.min(rows - r0);
+            let args = SampleArgs {
+                logits: lp + (r0 * ld * 4) as u64,
+                params: params.map_or(0, |p| p + (r0 * std::mem::size_of::<SamplingRow>()) as u64),
+                out: op + (r0 * 4) as u64,
+                ws: wp,
+                rows: n as i32,
+                vocab: vocab as i32,
+                ld: ld as i32,
+                pad: 0,
+            };
+            let cfg = LaunchConfig {
+                grid_dim: (slices as u32, n as u32, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            self.launch_cooperative_struct(stream, Kernel::Sample, cfg, &args)?;
+            r0 += n;
+        }
+        Ok(())
     }
 }

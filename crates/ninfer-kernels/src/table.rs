@@ -82,6 +82,5 @@ kernel_table! {
     KvWrite => "attention", "ninfer_kv_write";
     Attention => "attention", "ninfer_attention";
     AttentionCombine => "attention", "ninfer_attention_combine";
-    Argmax => "sample", "ninfer_argmax";
     Sample => "sample", "ninfer_sample";
 }

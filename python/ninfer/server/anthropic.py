@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import time
 from typing import Any
 
 from aiohttp import web
@@ -33,7 +34,15 @@ from ninfer.server.schemas import (
 from ninfer.server.sse import EventStream
 from ninfer.server.state import STATE, read_json, start_generation
 
-__all__ = ["MessageBuilder", "anthropic_messages", "parse_count_tokens", "parse_messages", "routes", "stop_reason"]
+__all__ = [
+    "MessageBuilder",
+    "StreamEvents",
+    "anthropic_messages",
+    "parse_count_tokens",
+    "parse_messages",
+    "routes",
+    "stop_reason",
+]
 
 _PROMPT_FIELDS: dict[str, Field] = {
     "model": Field(("string",), required=True),
@@ -42,6 +51,7 @@ _PROMPT_FIELDS: dict[str, Field] = {
     "tools": Field(("array",)),
     "tool_choice": Field(("object",)),
     "thinking": Field(("object",)),
+    "cache_control": Field(("object",)),
 }
 
 MESSAGES_FIELDS: dict[str, Field] = {
@@ -58,16 +68,53 @@ UNSUPPORTED = {
     "mcp_servers": "MCP servers are not available",
     "context_management": "context management is not available",
     "service_tier": "there is one service tier",
+    "speed": "there is one speed",
+    "inference_geo": "the model runs where this server runs",
+    "output_config": "neither effort levels nor structured output formats are available",
+    "diagnostics": "there is no prompt cache to diagnose",
+    "workspace_id": "there are no workspaces",
+    "user_profile_id": "there are no user profiles",
 }
 
 _CACHE = {"cache_control": Field(("object",))}  # prompt-caching hints: accepted, no effect needed
-_TEXT_BLOCK = {"type": Field(("string",)), "text": Field(("string",), required=True), "citations": Field(("array",)), **_CACHE}
-_TOOL_USE = {"type": Field(("string",)), "id": Field(("string",), required=True), "name": Field(("string",), required=True), "input": Field(("object",), required=True), **_CACHE}
-_TOOL_RESULT = {"type": Field(("string",)), "tool_use_id": Field(("string",), required=True), "content": Field(("string", "array")), "is_error": Field(("boolean",)), **_CACHE}
+_TEXT_BLOCK = {
+    "type": Field(("string",)),
+    "text": Field(("string",), required=True),
+    "citations": Field(("array",)),
+    **_CACHE,
+}
+_TOOL_USE = {
+    "type": Field(("string",)),
+    "id": Field(("string",), required=True),
+    "name": Field(("string",), required=True),
+    "input": Field(("object",), required=True),
+    **_CACHE,
+}
+_TOOL_RESULT = {
+    "type": Field(("string",)),
+    "tool_use_id": Field(("string",), required=True),
+    "content": Field(("string", "array")),
+    "is_error": Field(("boolean",)),
+    **_CACHE,
+}
 _THINKING = {"type": Field(("string",)), "thinking": Field(("string",), required=True), "signature": Field(("string",))}
-_TOOL = {"type": Field(("string",), choices=("custom",)), "name": Field(("string",), required=True), "description": Field(("string",)), "input_schema": Field(("object",), required=True), **_CACHE}
-_TOOL_CHOICE = {"type": Field(("string",), required=True, choices=("auto", "any", "tool", "none")), "name": Field(("string",)), "disable_parallel_tool_use": Field(("boolean",))}
-_THINKING_OPTION = {"type": Field(("string",), required=True, choices=("enabled", "disabled")), "budget_tokens": Field(("integer",), minimum=1)}
+_TOOL = {
+    "type": Field(("string",), choices=("custom",)),
+    "name": Field(("string",), required=True),
+    "description": Field(("string",)),
+    "input_schema": Field(("object",), required=True),
+    **_CACHE,
+}
+_TOOL_CHOICE = {
+    "type": Field(("string",), required=True, choices=("auto", "any", "tool", "none")),
+    "name": Field(("string",)),
+    "disable_parallel_tool_use": Field(("boolean",)),
+}
+_THINKING_OPTION = {
+    "type": Field(("string",), required=True, choices=("enabled", "adaptive", "disabled")),
+    "budget_tokens": Field(("integer",), minimum=1),
+    "display": Field(("string",), choices=("summarized",)),
+}
 
 
 def _text_blocks(content: Any, path: str) -> str:
@@ -97,9 +144,18 @@ def _user_turns(content: Any, path: str) -> list[dict[str, Any]]:
             texts.append(read_object(block, _TEXT_BLOCK, where)["text"])
         elif kind == "tool_result":
             b = read_object(block, _TOOL_RESULT, where)
-            tools.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": _text_blocks(b.get("content"), f"{where}.content")})
+            tools.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": b["tool_use_id"],
+                    "content": _text_blocks(b.get("content"), f"{where}.content"),
+                }
+            )
         else:
-            raise bad_request(f"`{where}`: {kind!r} blocks are not supported in user turns; this model takes text and tool results", where)
+            raise bad_request(
+                f"`{where}`: {kind!r} blocks are not supported in user turns; this model takes text and tool results",
+                where,
+            )
     # Tool results answer the previous assistant turn, so they come first (model-spec.md 5.2 item 5).
     return tools + ([{"role": "user", "content": "\n".join(texts)}] if texts else [])
 
@@ -139,13 +195,23 @@ def anthropic_messages(system: Any, messages: list[Any]) -> list[dict[str, Any]]
             out.append({"role": "system", "content": text})
     for i, message in enumerate(messages):
         path = f"messages[{i}]"
-        m = read_object(message, {"role": Field(("string",), required=True, choices=("user", "assistant")), "content": Field(("string", "array"), required=True)}, path)
+        m = read_object(
+            message,
+            {
+                "role": Field(("string",), required=True, choices=("user", "assistant")),
+                "content": Field(("string", "array"), required=True),
+            },
+            path,
+        )
         if m["role"] == "user":
             out.extend(_user_turns(m["content"], f"{path}.content"))
         else:
             out.append(_assistant_turn(m["content"], f"{path}.content"))
     if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
-        raise bad_request("a final assistant turn (prefilled response) is not supported; end with a user turn", f"messages[{len(messages) - 1}]")
+        raise bad_request(
+            "a final assistant turn (prefilled response) is not supported; end with a user turn",
+            f"messages[{len(messages) - 1}]",
+        )
     return out
 
 
@@ -153,16 +219,25 @@ def _tools(tools: list[Any] | None, choice: dict[str, Any] | None) -> list[dict[
     if choice is not None:
         c = read_object(choice, _TOOL_CHOICE, "tool_choice")
         if c["type"] in ("any", "tool"):
-            raise bad_request(f"tool_choice {c['type']!r} is not supported yet: ninfer cannot force a tool call (no constrained decoding); use \"auto\"", "tool_choice")
+            raise bad_request(
+                f"tool_choice {c['type']!r} is not supported yet: "
+                'ninfer cannot force a tool call (no constrained decoding); use "auto"',
+                "tool_choice",
+            )
         if c.get("disable_parallel_tool_use"):
-            raise bad_request("disable_parallel_tool_use is not supported: the model may call several tools in one turn", "tool_choice")
+            raise bad_request(
+                "disable_parallel_tool_use is not supported: the model may call several tools in one turn",
+                "tool_choice",
+            )
         if c["type"] == "none":
             return None
     out = []
     for i, tool in enumerate(tools or []):
         where = f"tools[{i}]"
         if isinstance(tool, dict) and tool.get("type") not in (None, "custom"):
-            raise bad_request(f"`{where}`: server tools ({tool.get('type')!r}) are not available; define custom tools", where)
+            raise bad_request(
+                f"`{where}`: server tools ({tool.get('type')!r}) are not available; define custom tools", where
+            )
         t = read_object(tool, _TOOL, where)
         fn = {"name": t["name"], "description": t.get("description", ""), "parameters": t["input_schema"]}
         out.append({"type": "function", "function": fn})
@@ -177,7 +252,8 @@ def _prompt_request(body: dict[str, Any], model_id: str) -> GenerationRequest:
     req.tools = _tools(body.get("tools"), body.get("tool_choice"))
     if "thinking" in body:
         thinking = read_object(body["thinking"], _THINKING_OPTION, "thinking")
-        req.template_kwargs["enable_thinking"] = thinking["type"] == "enabled"
+        # Qwen decides itself how long to think, so "adaptive" is the same as "enabled".
+        req.template_kwargs["enable_thinking"] = thinking["type"] != "disabled"
     req.messages = anthropic_messages(body.get("system"), body["messages"])
     return req
 
@@ -249,80 +325,104 @@ class MessageBuilder:
         }
 
 
-class _BlockStream:
-    """Writes pieces as content-block events, opening and closing blocks as the kind changes."""
+Event = tuple[str, dict[str, Any]]
 
-    def __init__(self, sse: EventStream) -> None:
-        self.sse = sse
+
+class StreamEvents:
+    """Pieces -> named stream events in the documented order: message_start, ping, then per
+    content block content_block_start, content_block_delta..., content_block_stop (a block
+    closes when the kind of output changes; a tool_use block carries its whole input as one
+    input_json_delta), then message_delta (stop_reason, usage) and message_stop."""
+
+    def __init__(self, mid: str, model: str, prompt_tokens: int) -> None:
+        self.mid, self.model, self.prompt_tokens = mid, model, prompt_tokens
         self.index = -1
         self.open: str | None = None
         self.calls = 0
 
-    async def _event(self, name: str, data: dict[str, Any]) -> None:
-        await self.sse.send({"type": name, **data}, event=name)
+    @staticmethod
+    def _event(name: str, **data: Any) -> Event:
+        return name, {"type": name, **data}
 
-    async def close(self) -> None:
-        if self.open is not None:
-            await self._event("content_block_stop", {"index": self.index})
-            self.open = None
+    def start(self) -> list[Event]:
+        message = {
+            "id": self.mid,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0},
+        }
+        return [self._event("message_start", message=message), self._event("ping")]
 
-    async def _start(self, block: dict[str, Any]) -> None:
-        await self.close()
+    def _close(self) -> list[Event]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [self._event("content_block_stop", index=self.index)]
+
+    def _open(self, block: dict[str, Any]) -> list[Event]:
+        out = self._close()
         self.index += 1
         self.open = block["type"]
-        await self._event("content_block_start", {"index": self.index, "content_block": block})
+        return out + [self._event("content_block_start", index=self.index, content_block=block)]
 
-    async def add(self, piece: Piece) -> None:
+    def add(self, piece: Piece) -> list[Event]:
+        out: list[Event] = []
         if isinstance(piece, ReasoningDelta):
             if self.open != "thinking":
-                await self._start({"type": "thinking", "thinking": "", "signature": ""})
-            await self._event("content_block_delta", {"index": self.index, "delta": {"type": "thinking_delta", "thinking": piece.text}})
+                out += self._open({"type": "thinking", "thinking": "", "signature": ""})
+            out.append(
+                self._event(
+                    "content_block_delta", index=self.index, delta={"type": "thinking_delta", "thinking": piece.text}
+                )
+            )
         elif isinstance(piece, ContentDelta):
             if self.open != "text":
-                await self._start({"type": "text", "text": ""})
-            await self._event("content_block_delta", {"index": self.index, "delta": {"type": "text_delta", "text": piece.text}})
+                out += self._open({"type": "text", "text": ""})
+            out.append(
+                self._event("content_block_delta", index=self.index, delta={"type": "text_delta", "text": piece.text})
+            )
         elif isinstance(piece, ToolCall):
-            await self._start({"type": "tool_use", "id": piece.id, "name": piece.name, "input": {}})
+            out += self._open({"type": "tool_use", "id": piece.id, "name": piece.name, "input": {}})
             partial = json.dumps(piece.arguments, ensure_ascii=False)
-            await self._event("content_block_delta", {"index": self.index, "delta": {"type": "input_json_delta", "partial_json": partial}})
-            await self.close()
+            out.append(
+                self._event(
+                    "content_block_delta", index=self.index, delta={"type": "input_json_delta", "partial_json": partial}
+                )
+            )
+            out += self._close()
             self.calls += 1
+        elif isinstance(piece, Finished):
+            out += self._close()
+            delta = {"stop_reason": stop_reason(piece, self.calls), "stop_sequence": piece.stop_sequence}
+            usage = {"input_tokens": piece.prompt_tokens, "output_tokens": piece.completion_tokens}
+            out.append(self._event("message_delta", delta=delta, usage=usage))
+            out.append(self._event("message_stop"))
+        return out
 
 
 async def _stream(request: web.Request, gen: Generation, req: GenerationRequest, mid: str) -> web.StreamResponse:
     sse = EventStream(request)
-    blocks = _BlockStream(sse)
-    start = {
-        "id": mid,
-        "type": "message",
-        "role": "assistant",
-        "model": req.model,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": {"input_tokens": gen.prompt_tokens, "output_tokens": 0},
-    }
-    await sse.send({"type": "message_start", "message": start}, event="message_start")
-    await sse.send({"type": "ping"}, event="ping")
+    events = StreamEvents(mid, req.model, gen.prompt_tokens)
+    for name, data in events.start():
+        await sse.send(data, event=name)
     try:
         async for piece in gen.pieces(parse=True):
-            if isinstance(piece, Finished):
-                await blocks.close()
-                delta = {"stop_reason": stop_reason(piece, blocks.calls), "stop_sequence": piece.stop_sequence}
-                usage = {"input_tokens": piece.prompt_tokens, "output_tokens": piece.completion_tokens}
-                await sse.send({"type": "message_delta", "delta": delta, "usage": usage}, event="message_delta")
-                await sse.send({"type": "message_stop"}, event="message_stop")
-            else:
-                await blocks.add(piece)
+            for name, data in events.add(piece):
+                await sse.send(data, event=name)
     except ApiError as e:
         await sse.send(anthropic_body(e), event="error")
     return await sse.finish()
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
+    arrival = time.monotonic()
     state = request.app[STATE]
     req = parse_messages(await read_json(request), state.model_id)
-    gen = await start_generation(request, req)
+    gen = await start_generation(request, req, arrival)
     mid = "msg_" + secrets.token_hex(12)
     try:
         if req.stream:

@@ -6,7 +6,8 @@ every `ApiError` or HTTP error into the calling API's error shape, and counts re
 endpoint and status. The engine is loaded in a worker thread once the app has started, so the
 port answers at once: `/health` says 503 until the model is ready. `serve` runs the app until
 SIGINT/SIGTERM, with handler cancellation on: a client that disconnects cancels its handler,
-whose `finally` cancels the generation and frees its slot.
+whose `finally` cancels the generation and frees its slot. At shutdown the generations still
+running end with a "shutting down" error (an error event in a stream, else a 503).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import hmac
 import logging
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,7 +27,7 @@ from ninfer.server import anthropic, openai
 from ninfer.server.errors import ApiError, bad_request, error_response
 from ninfer.server.generation import render_prompt
 from ninfer.server.schemas import Field, GenerationRequest, check_model, read_object
-from ninfer.server.state import ARRIVAL, STATE, ServerConfig, ServerState, read_json
+from ninfer.server.state import STATE, ServerConfig, ServerState, read_json
 
 __all__ = ["create_app", "serve", "start_site"]
 
@@ -35,6 +35,10 @@ log = logging.getLogger("ninfer.server")
 
 # Endpoints open without an API key: probes and scrapers carry no credentials.
 _OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+# On SIGINT/SIGTERM running generations are ended at once (on_shutdown); a handler still busy
+# after this long (e.g. writing to a stalled client) is cancelled.
+SHUTDOWN_GRACE_SECONDS = 3.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -49,7 +53,9 @@ def _check_api_key(request: web.Request, key: str) -> None:
     if given is None and auth[:7].lower() == "bearer ":
         given = auth[7:].strip()
     if not given:
-        raise ApiError(401, "missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`", code="invalid_api_key")
+        raise ApiError(
+            401, "missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`", code="invalid_api_key"
+        )
     if not hmac.compare_digest(given.encode("utf-8"), key.encode("utf-8")):
         raise ApiError(401, "invalid API key", code="invalid_api_key")
 
@@ -61,7 +67,6 @@ def _endpoint(request: web.Request) -> str:
 
 @web.middleware
 async def _middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request[ARRIVAL] = time.monotonic()
     state = request.app[STATE]
     status = 500
     try:
@@ -140,7 +145,9 @@ async def tokenize(request: web.Request) -> web.Response:
 
 async def detokenize(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    body = read_object(await read_json(request), {"model": Field(("string",)), "tokens": Field(("array",), required=True)})
+    body = read_object(
+        await read_json(request), {"model": Field(("string",)), "tokens": Field(("array",), required=True)}
+    )
     if "model" in body:
         check_model(body["model"], state.model_id)
     engine = state.require_engine()
@@ -186,6 +193,10 @@ def create_app(config: ServerConfig, loader: Callable[[], Engine] | None = None)
     async def on_startup(app: web.Application) -> None:
         tasks.append(asyncio.create_task(_load(app, load)))
 
+    async def on_shutdown(app: web.Application) -> None:
+        for gen in list(app[STATE].active):
+            gen.abort("the server is shutting down")
+
     async def on_cleanup(app: web.Application) -> None:
         state = app[STATE]
         await state.loaded.wait()
@@ -194,13 +205,19 @@ def create_app(config: ServerConfig, loader: Callable[[], Engine] | None = None)
             await asyncio.get_running_loop().run_in_executor(None, engine.close)
 
     app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app
 
 
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Starts listening; returns the runner (call `cleanup()` to stop) and the bound port."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=log if log.isEnabledFor(logging.INFO) else None)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        shutdown_timeout=SHUTDOWN_GRACE_SECONDS,
+        access_log=log if log.isEnabledFor(logging.INFO) else None,
+    )
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
@@ -234,7 +251,11 @@ async def serve(config: ServerConfig, host: str, port: int, out: Any = sys.stder
             print(f"error: the model failed to load: {state.load_error}", file=out, flush=True)
             return 1
         assert state.engine is not None
-        print(f"ninfer: serving `{state.model_id}` on {state.engine.device}, context {state.engine.max_context}", file=out, flush=True)
+        print(
+            f"ninfer: serving `{state.model_id}` on {state.engine.device}, context {state.engine.max_context}",
+            file=out,
+            flush=True,
+        )
         await stop.wait()
         return 0
     finally:

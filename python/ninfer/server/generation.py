@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from ninfer.chat import ChatTemplateError
 from ninfer.engine import Engine, EngineError, SamplingParams
@@ -25,7 +25,7 @@ from ninfer.server.errors import ApiError, bad_request
 from ninfer.server.metrics import Metrics
 from ninfer.server.schemas import GenerationRequest, sampling_params
 
-__all__ = ["Finished", "Generation", "Logprobs", "Piece", "Prepared", "Text", "prepare"]
+__all__ = ["Finished", "Generation", "Logprobs", "Piece", "Prepared", "Text", "prepare", "render_prompt", "token_text"]
 
 THINK_OPEN = "<think>"
 
@@ -62,7 +62,7 @@ class Finished:
     completion_tokens: int
 
 
-Piece = Union[ReasoningDelta, ContentDelta, ToolCall, Text, Logprobs, Finished]
+Piece = ReasoningDelta | ContentDelta | ToolCall | Text | Logprobs | Finished
 
 
 def context_error(prompt_tokens: int, max_context: int, param: str) -> ApiError:
@@ -128,6 +128,7 @@ class Generation:
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._rid: int | None = None
         self._done = False
+        self._abort_message = "the request was cancelled by the engine"
         self._eos = set(engine.eos_token_ids)
 
     @property
@@ -163,6 +164,12 @@ class Generation:
     def cancel(self) -> None:
         if self._rid is not None and not self._done:
             self._done = True
+            self._engine.cancel(self._rid)
+
+    def abort(self, message: str) -> None:
+        """Ends the request early; its reader gets a 503 ApiError carrying `message`."""
+        self._abort_message = message
+        if self._rid is not None and not self._done:
             self._engine.cancel(self._rid)
 
     async def _events(self) -> AsyncIterator[dict[str, Any]]:
@@ -216,7 +223,7 @@ class Generation:
                     yield Logprobs(entries)
                 continue
             if event["finish_reason"] == "abort":
-                raise ApiError(503, "the request was cancelled by the engine")
+                raise ApiError(503, self._abort_message)
             if parser is not None:
                 for p in parser.finish():
                     yield p

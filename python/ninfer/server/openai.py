@@ -2,7 +2,7 @@
 
 Requests are checked against the field tables below and translated into a `GenerationRequest`
 (`parse_chat`, `parse_completion`); outputs are built from generation pieces (`ChatResult`,
-`chat_chunk`). Tool calls use the Qwen XML form inside the model and OpenAI's JSON form outside:
+`ChatChunks`). Tool calls use the Qwen XML form inside the model and OpenAI's JSON form outside:
 incoming `arguments` strings are parsed to objects before the template sees them, and parsed
 calls go out with `arguments` as a JSON string. docs/api.md lists every field and what is refused.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -31,7 +32,7 @@ from ninfer.server.schemas import (
 from ninfer.server.sse import EventStream
 from ninfer.server.state import STATE, read_json, start_generation
 
-__all__ = ["chat_messages", "parse_chat", "parse_completion", "routes", "tool_call_json", "ChatResult"]
+__all__ = ["ChatChunks", "ChatResult", "chat_messages", "parse_chat", "parse_completion", "routes", "tool_call_json"]
 
 _COMMON_FIELDS: dict[str, Field] = {
     "model": Field(("string",), required=True),
@@ -39,7 +40,7 @@ _COMMON_FIELDS: dict[str, Field] = {
     "stream_options": Field(("object",)),
     "max_tokens": Field(("integer",), minimum=1),
     "stop": Field(("string", "array")),
-    "n": Field(("integer",), choices=(1,)),
+    "n": Field(("integer",), minimum=1),
     "ignore_eos": Field(("boolean",)),
     "user": Field(("string",)),
     "logit_bias": Field(("object",)),
@@ -54,11 +55,11 @@ CHAT_FIELDS: dict[str, Field] = {
     "top_logprobs": Field(("integer",), minimum=0, maximum=20),
     "tools": Field(("array",)),
     "tool_choice": Field(("string", "object")),
-    "parallel_tool_calls": Field(("boolean",), choices=(True,)),
+    "parallel_tool_calls": Field(("boolean",)),
     "chat_template_kwargs": Field(("object",)),
     "response_format": Field(("object",)),
     "modalities": Field(("array",)),
-    "store": Field(("boolean",), choices=(False,)),
+    "store": Field(("boolean",)),
     "metadata": Field(("object",)),
 }
 
@@ -76,8 +77,8 @@ COMPLETION_FIELDS: dict[str, Field] = {
     **_COMMON_FIELDS,
     "prompt": Field(("string", "array"), required=True),
     "logprobs": Field(("integer",), minimum=0, maximum=20),
-    "echo": Field(("boolean",), choices=(False,)),
-    "best_of": Field(("integer",), choices=(1,)),
+    "echo": Field(("boolean",)),
+    "best_of": Field(("integer",), minimum=1),
 }
 
 COMPLETION_UNSUPPORTED = {"suffix": "fill-in-the-middle suffixes are not available"}
@@ -91,8 +92,16 @@ _FUNCTION = {
     "strict": Field(("boolean",)),
 }
 _ROLE_FIELDS: dict[str, dict[str, Field]] = {
-    "system": {"role": Field(("string",)), "content": Field(("string", "array"), required=True), "name": Field(("string",))},
-    "user": {"role": Field(("string",)), "content": Field(("string", "array"), required=True), "name": Field(("string",))},
+    "system": {
+        "role": Field(("string",)),
+        "content": Field(("string", "array"), required=True),
+        "name": Field(("string",)),
+    },
+    "user": {
+        "role": Field(("string",)),
+        "content": Field(("string", "array"), required=True),
+        "name": Field(("string",)),
+    },
     "assistant": {
         "role": Field(("string",)),
         "content": Field(("string", "array")),
@@ -102,7 +111,11 @@ _ROLE_FIELDS: dict[str, dict[str, Field]] = {
         "reasoning": Field(("string",)),
         "refusal": Field(("string",)),
     },
-    "tool": {"role": Field(("string",)), "content": Field(("string", "array"), required=True), "tool_call_id": Field(("string",), required=True)},
+    "tool": {
+        "role": Field(("string",)),
+        "content": Field(("string", "array"), required=True),
+        "tool_call_id": Field(("string",), required=True),
+    },
 }
 _ROLE_FIELDS["developer"] = _ROLE_FIELDS["system"]
 
@@ -119,7 +132,9 @@ def _text_content(content: Any, path: str) -> str:
         kind = part.get("type")
         if kind != "text":
             raise bad_request(f"`{where}`: {kind!r} content is not supported; this model takes text only", where)
-        parts.append(read_object(part, {"type": Field(("string",)), "text": Field(("string",), required=True)}, where)["text"])
+        parts.append(
+            read_object(part, {"type": Field(("string",)), "text": Field(("string",), required=True)}, where)["text"]
+        )
     return "".join(parts)
 
 
@@ -128,8 +143,6 @@ def _call_arguments(raw: Any, path: str) -> dict[str, Any]:
         return raw
     if raw is None or raw == "":
         return {}
-    if not isinstance(raw, str):
-        raise bad_request(f"`{path}` must be a JSON string", path)
     try:
         value = json.loads(raw)
     except ValueError:
@@ -156,17 +169,32 @@ def chat_messages(raw: list[Any]) -> list[dict[str, Any]]:
         elif role == "tool":
             out.append({"role": "tool", "content": content, "tool_call_id": m["tool_call_id"]})
         else:
-            turn: dict[str, Any] = {"role": "assistant", "content": content}
+            # A refusal is what the assistant said in that turn.
+            turn: dict[str, Any] = {"role": "assistant", "content": content or m.get("refusal", "")}
             reasoning = m.get("reasoning_content", m.get("reasoning"))
             if reasoning is not None:
                 turn["reasoning_content"] = reasoning
             calls = []
             for j, call in enumerate(m.get("tool_calls", [])):
                 where = f"{path}.tool_calls[{j}]"
-                c = read_object(call, {"id": Field(("string",)), "type": Field(("string",), choices=("function",)), "function": Field(("object",), required=True)}, where)
-                fn = read_object(c["function"], {"name": Field(("string",), required=True), "arguments": Field(("string", "object"))}, f"{where}.function")
+                c = read_object(
+                    call,
+                    {
+                        "id": Field(("string",)),
+                        "type": Field(("string",), choices=("function",)),
+                        "function": Field(("object",), required=True),
+                    },
+                    where,
+                )
+                fn = read_object(
+                    c["function"],
+                    {"name": Field(("string",), required=True), "arguments": Field(("string", "object"))},
+                    f"{where}.function",
+                )
                 args = _call_arguments(fn.get("arguments"), f"{where}.function.arguments")
-                calls.append({"id": c.get("id", ""), "type": "function", "function": {"name": fn["name"], "arguments": args}})
+                calls.append(
+                    {"id": c.get("id", ""), "type": "function", "function": {"name": fn["name"], "arguments": args}}
+                )
             if calls:
                 turn["tool_calls"] = calls
             out.append(turn)
@@ -178,7 +206,8 @@ def chat_tools(tools: list[Any] | None, tool_choice: Any) -> list[dict[str, Any]
     if tool_choice is not None and tool_choice not in ("auto", "none"):
         what = tool_choice if isinstance(tool_choice, str) else "a named function"
         raise bad_request(
-            f"tool_choice={what} is not supported yet: ninfer cannot force a tool call (no constrained decoding); use \"auto\"",
+            f"tool_choice={what} is not supported yet: "
+            'ninfer cannot force a tool call (no constrained decoding); use "auto"',
             "tool_choice",
         )
     if tool_choice == "none" or not tools:
@@ -186,15 +215,35 @@ def chat_tools(tools: list[Any] | None, tool_choice: Any) -> list[dict[str, Any]
     out = []
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
-        t = read_object(tool, {"type": Field(("string",), choices=("function",), required=True), "function": Field(("object",), required=True)}, where)
+        t = read_object(
+            tool,
+            {
+                "type": Field(("string",), choices=("function",), required=True),
+                "function": Field(("object",), required=True),
+            },
+            where,
+        )
         out.append({"type": "function", "function": read_object(t["function"], _FUNCTION, f"{where}.function")})
     return out
 
 
 def _common(body: dict[str, Any], state_model: str) -> GenerationRequest:
     check_model(body["model"], state_model)
-    if body.get("logit_bias"):
-        raise bad_request("`logit_bias` is not supported", "logit_bias")
+    refused = [
+        (body.get("n", 1) != 1, "n", "`n` > 1 is not supported: one choice per request"),
+        (body.get("best_of", 1) != 1, "best_of", "`best_of` > 1 is not supported: one choice per request"),
+        (body.get("echo", False), "echo", "`echo` is not supported"),
+        (bool(body.get("logit_bias")), "logit_bias", "`logit_bias` is not supported"),
+        (body.get("store", False), "store", "`store` is not supported: completions are not stored"),
+        (
+            body.get("parallel_tool_calls", True) is False,
+            "parallel_tool_calls",
+            "`parallel_tool_calls: false` is not supported: the model may call several tools in one turn",
+        ),
+    ]
+    for bad, param, message in refused:
+        if bad:
+            raise bad_request(message, param)
     options = read_object(body.get("stream_options", {}), _STREAM_OPTIONS, "stream_options")
     return GenerationRequest(
         model=body["model"],
@@ -212,7 +261,10 @@ def parse_chat(raw: Any, model_id: str) -> GenerationRequest:
     req = _common(body, model_id)
     fmt = body.get("response_format", {"type": "text"})
     if fmt.get("type") != "text":
-        raise bad_request(f"response_format {fmt.get('type')!r} is not supported: ninfer has no constrained decoding yet", "response_format")
+        raise bad_request(
+            f"response_format {fmt.get('type')!r} is not supported: ninfer has no constrained decoding yet",
+            "response_format",
+        )
     if body.get("modalities", ["text"]) != ["text"]:
         raise bad_request("only the text modality is available", "modalities")
     if "max_completion_tokens" in body:
@@ -251,18 +303,27 @@ def parse_completion(raw: Any, model_id: str) -> GenerationRequest:
 
 
 def tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
+    out: dict[str, Any] = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
+    }
     if index is not None:
         out = {"index": index, **out}
     return out
 
 
-def _chat_logprobs(engine: Any, entries: list[tuple[int, float, list[tuple[int, float]]]]) -> list[dict[str, Any]]:
+TokenText = Callable[[int], str]
+
+
+def _chat_logprobs(
+    text_of: TokenText, entries: list[tuple[int, float, list[tuple[int, float]]]]
+) -> list[dict[str, Any]]:
     def one(tok: int, lp: float) -> dict[str, Any]:
-        text = token_text(engine, tok)
+        text = text_of(tok)
         return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
 
-    return [{**one(tok, lp), "top_logprobs": [one(t, l) for t, l in top]} for tok, lp, top in entries]
+    return [{**one(tok, lp), "top_logprobs": [one(t, alt) for t, alt in top]} for tok, lp, top in entries]
 
 
 def _finish_reason(finished: Finished, tool_calls: int) -> str:
@@ -270,11 +331,15 @@ def _finish_reason(finished: Finished, tool_calls: int) -> str:
 
 
 def _usage(f: Finished) -> dict[str, int]:
-    return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens, "total_tokens": f.prompt_tokens + f.completion_tokens}
+    return {
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": f.completion_tokens,
+        "total_tokens": f.prompt_tokens + f.completion_tokens,
+    }
 
 
 class ChatResult:
-    """Accumulates chat pieces into one `chat.completion` object."""
+    """Accumulates pieces into one `chat.completion` (or `text_completion`) result."""
 
     def __init__(self) -> None:
         self.reasoning: list[str] = []
@@ -295,7 +360,7 @@ class ChatResult:
         elif isinstance(piece, Finished):
             self.finished = piece
 
-    def response(self, rid: str, model: str, engine: Any, want_logprobs: bool) -> dict[str, Any]:
+    def response(self, rid: str, model: str, text_of: TokenText, want_logprobs: bool) -> dict[str, Any]:
         assert self.finished is not None
         content = "".join(self.content)
         reasoning = "".join(self.reasoning) or None
@@ -309,43 +374,80 @@ class ChatResult:
         choice = {
             "index": 0,
             "message": message,
-            "logprobs": {"content": _chat_logprobs(engine, self.logprobs)} if want_logprobs else None,
+            "logprobs": {"content": _chat_logprobs(text_of, self.logprobs)} if want_logprobs else None,
             "finish_reason": _finish_reason(self.finished, len(self.calls)),
         }
-        return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model, "choices": [choice], "usage": _usage(self.finished)}
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+            "usage": _usage(self.finished),
+        }
 
 
-def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
-    choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
+class ChatChunks:
+    """Pieces -> `chat.completion.chunk` objects, in the order OpenAI streams them: a role chunk,
+    deltas (reasoning, content, one chunk per tool call), a chunk with `finish_reason`, and with
+    `include_usage` a last chunk with no choices and the usage (every other chunk has
+    `"usage": null` then)."""
+
+    def __init__(self, rid: str, model: str, include_usage: bool, text_of: TokenText) -> None:
+        self.rid, self.model, self.created = rid, model, int(time.time())
+        self.include_usage = include_usage
+        self.text_of = text_of
+        self.calls = 0
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        out = {
+            "id": self.rid,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
+        return {**out, "usage": None} if self.include_usage else out
+
+    def first(self) -> dict[str, Any]:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def add(self, piece: Piece) -> list[dict[str, Any]]:
+        if isinstance(piece, ReasoningDelta):
+            return [self._chunk({"reasoning_content": piece.text, "reasoning": piece.text})]
+        if isinstance(piece, ContentDelta):
+            return [self._chunk({"content": piece.text})]
+        if isinstance(piece, ToolCall):
+            self.calls += 1
+            return [self._chunk({"tool_calls": [tool_call_json(piece, self.calls - 1)]})]
+        if isinstance(piece, Logprobs):
+            return [self._chunk({}, logprobs={"content": _chat_logprobs(self.text_of, piece.entries)})]
+        if isinstance(piece, Finished):
+            out = [self._chunk({}, finish=_finish_reason(piece, self.calls))]
+            if self.include_usage:
+                usage = {
+                    "id": self.rid,
+                    "object": "chat.completion.chunk",
+                    "created": self.created,
+                    "model": self.model,
+                }
+                out.append({**usage, "choices": [], "usage": _usage(piece)})
+            return out
+        return []
 
 
 async def _stream_chat(request: web.Request, gen: Generation, req: GenerationRequest) -> web.StreamResponse:
     engine = request.app[STATE].engine
-    rid, created, model = "chatcmpl-" + secrets.token_hex(12), int(time.time()), req.model
+    chunks = ChatChunks(
+        "chatcmpl-" + secrets.token_hex(12), req.model, req.include_usage, lambda t: token_text(engine, t)
+    )
     sse = EventStream(request)
-    usage_field = {"usage": None} if req.include_usage else {}
-    calls = 0
-
-    async def send(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> None:
-        await sse.send({**chat_chunk(rid, model, created, delta, finish, logprobs), **usage_field})
-
-    await send({"role": "assistant", "content": ""})
+    await sse.send(chunks.first())
     try:
         async for piece in gen.pieces(parse=True):
-            if isinstance(piece, ReasoningDelta):
-                await send({"reasoning_content": piece.text, "reasoning": piece.text})
-            elif isinstance(piece, ContentDelta):
-                await send({"content": piece.text})
-            elif isinstance(piece, ToolCall):
-                await send({"tool_calls": [tool_call_json(piece, calls)]})
-                calls += 1
-            elif isinstance(piece, Logprobs):
-                await send({}, logprobs={"content": _chat_logprobs(engine, piece.entries)})
-            elif isinstance(piece, Finished):
-                await send({}, finish=_finish_reason(piece, calls))
-                if req.include_usage:
-                    await sse.send({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": _usage(piece)})
+            for chunk in chunks.add(piece):
+                await sse.send(chunk)
     except ApiError as e:
         await sse.send(openai_body(e))
     await sse.send("[DONE]")
@@ -353,22 +455,28 @@ async def _stream_chat(request: web.Request, gen: Generation, req: GenerationReq
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    arrival = time.monotonic()
     state = request.app[STATE]
     req = parse_chat(await read_json(request), state.model_id)
-    gen = await start_generation(request, req)
+    gen = await start_generation(request, req, arrival)
     try:
         if req.stream:
             return await _stream_chat(request, gen, req)
         result = ChatResult()
         async for piece in gen.pieces(parse=True):
             result.add(piece)
-        body = result.response("chatcmpl-" + secrets.token_hex(12), req.model, state.engine, req.logprobs is not None)
+        engine = state.engine
+        body = result.response(
+            "chatcmpl-" + secrets.token_hex(12), req.model, lambda t: token_text(engine, t), req.logprobs is not None
+        )
         return web.json_response(body)
     finally:
         gen.cancel()
 
 
-def _completion_logprobs(engine: Any, entries: list[tuple[int, float, list[tuple[int, float]]]], offset: int) -> dict[str, Any]:
+def _completion_logprobs(
+    engine: Any, entries: list[tuple[int, float, list[tuple[int, float]]]], offset: int
+) -> dict[str, Any]:
     tokens, offsets = [], []
     for tok, _, _ in entries:
         offsets.append(offset)
@@ -377,7 +485,7 @@ def _completion_logprobs(engine: Any, entries: list[tuple[int, float, list[tuple
     return {
         "tokens": tokens,
         "token_logprobs": [lp for _, lp, _ in entries],
-        "top_logprobs": [{token_text(engine, t): l for t, l in top} for _, _, top in entries],
+        "top_logprobs": [{token_text(engine, t): alt for t, alt in top} for _, _, top in entries],
         "text_offset": offsets,
     }
 
@@ -388,9 +496,10 @@ def _completion(rid: str, model: str, created: int, text: str, finish: str | Non
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
+    arrival = time.monotonic()
     state = request.app[STATE]
     req = parse_completion(await read_json(request), state.model_id)
-    gen = await start_generation(request, req)
+    gen = await start_generation(request, req, arrival)
     rid, created, engine = "cmpl-" + secrets.token_hex(12), int(time.time()), state.engine
     want = req.logprobs is not None
     try:
@@ -416,7 +525,16 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 elif isinstance(piece, Finished):
                     await sse.send({**_completion(rid, req.model, created, "", piece.reason, None), **extra})
                     if req.include_usage:
-                        await sse.send({"id": rid, "object": "text_completion", "created": created, "model": req.model, "choices": [], "usage": _usage(piece)})
+                        await sse.send(
+                            {
+                                "id": rid,
+                                "object": "text_completion",
+                                "created": created,
+                                "model": req.model,
+                                "choices": [],
+                                "usage": _usage(piece),
+                            }
+                        )
         except ApiError as e:
             await sse.send(openai_body(e))
         await sse.send("[DONE]")
@@ -431,7 +549,9 @@ async def list_models(request: web.Request) -> web.Response:
     if "anthropic-version" in request.headers:
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.created))
         entry = {"type": "model", "id": state.model_id, "display_name": state.model_id, "created_at": created}
-        return web.json_response({"data": [entry], "has_more": False, "first_id": state.model_id, "last_id": state.model_id})
+        return web.json_response(
+            {"data": [entry], "has_more": False, "first_id": state.model_id, "last_id": state.model_id}
+        )
     entry = {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "ninfer"}
     if state.engine is not None:
         entry["max_model_len"] = state.engine.max_context

@@ -87,15 +87,13 @@ def read_object(
         raise bad_request(f"{path or 'the request body'} must be a JSON object", path or None)
     out: dict[str, Any] = {}
     for key, item in value.items():
+        if item is None:
+            continue  # null means absent, as in both APIs (and SDK-dumped messages carry nulls)
         where = _where(path, key)
         if key not in fields:
             if unsupported and key in unsupported:
-                if item is None:
-                    continue
                 raise bad_request(f"`{where}` is not supported: {unsupported[key]}", where)
             raise bad_request(f"unknown field `{where}`", where)
-        if item is None:
-            continue
         spec = fields[key]
         if not any(_is_kind(item, k) for k in spec.kinds):
             kinds = " or ".join(_KIND_NAMES[k] for k in spec.kinds)
@@ -190,7 +188,15 @@ class GenerationRequest:
 
 
 # generation_config.json keys that give a request's defaults (model-spec.md section 5.1).
-_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+_DEFAULT_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
 
 
 def sampling_params(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from ninfer.server.generation import Generation, prepare
 from ninfer.server.metrics import Metrics
 from ninfer.server.schemas import GenerationRequest
 
-__all__ = ["ARRIVAL", "STATE", "ServerConfig", "ServerState", "read_json", "start_generation"]
+__all__ = ["STATE", "ServerConfig", "ServerState", "read_json", "start_generation"]
 
 # Request bodies above this size are answered 413 (aiohttp's client_max_size).
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -69,6 +70,8 @@ class ServerState:
         self.loaded = asyncio.Event()
         self.metrics = Metrics()
         self.created = int(time.time())
+        # Generations in flight, so that a shutdown can end them (finished ones drop out).
+        self.active: weakref.WeakSet[Generation] = weakref.WeakSet()
 
     def require_engine(self) -> Engine:
         if self.engine is not None:
@@ -79,7 +82,6 @@ class ServerState:
 
 
 STATE = web.AppKey("ninfer_state", ServerState)
-ARRIVAL = "ninfer_arrival"  # request key: time.monotonic() when the request came in
 
 
 def _no_constants(name: str) -> Any:
@@ -101,11 +103,13 @@ async def read_json(request: web.Request) -> Any:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
 
 
-async def start_generation(request: web.Request, req: GenerationRequest) -> Generation:
-    """Renders, tokenizes and submits `req`; the caller must `cancel()` it in a finally."""
+async def start_generation(request: web.Request, req: GenerationRequest, arrival: float) -> Generation:
+    """Renders, tokenizes and submits `req`; the caller must `cancel()` it in a finally.
+    `arrival` is the handler's start (time.monotonic()), the origin of time to first token."""
     state = request.app[STATE]
     engine = state.require_engine()
     prepared = await asyncio.get_running_loop().run_in_executor(None, prepare, engine, req)
-    gen = Generation(engine, state.metrics, req, prepared, request.get(ARRIVAL, time.monotonic()))
+    gen = Generation(engine, state.metrics, req, prepared, arrival)
     gen.start()
+    state.active.add(gen)
     return gen

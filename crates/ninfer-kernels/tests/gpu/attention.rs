@@ -1,6 +1,8 @@
 //! attention.cu: KV cache writes, causal gated GQA attention over pages, split-KV decode.
 
-use ninfer_kernels::{attention_workspace_len, bf16, AttentionBatch, HeadLayout, PagedKv};
+use ninfer_kernels::{
+    attention_workspace_len, bf16, AttentionBatch, HeadLayout, PagedKv, ATTN_MAX_SPLITS,
+};
 
 use crate::common::*;
 
@@ -131,7 +133,7 @@ fn run(c: &Case, seed: u64) {
         .unwrap();
     assert_close(&name, &to_f32(&down(&s, &out)), &want, 1e-2);
 
-    let mut ws = nan_f32(&s, attention_workspace_len(tokens, hq, d, 64));
+    let mut ws = nan_f32(&s, attention_workspace_len(tokens, hq, d, ATTN_MAX_SPLITS));
     let mut out2 = nan_bf16(&s, tokens * hq * d);
     g.ks.attention_split_kv(
         &s,

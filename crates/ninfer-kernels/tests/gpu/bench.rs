@@ -179,7 +179,7 @@ fn bench_attention_gdn_sample() {
             head_stride: 2 * d,
         };
         let mut out = nan_bf16(&s, q_len * hq * d);
-        let mut ws = nan_f32(&s, attention_workspace_len(q_len, hq, d, 64));
+        let mut ws = nan_f32(&s, attention_workspace_len(q_len, hq, d, 128));
         let scale = 1.0 / (d as f32).sqrt();
         let ms = time_ms(&s, 10, || {
             g.ks.attention_split_kv(
@@ -258,8 +258,10 @@ fn bench_attention_gdn_sample() {
     for rows in [1usize, 16] {
         let l = up(&s, &rng.f32s(rows * vocab, 3.0));
         let mut out = up(&s, &vec![0i32; rows]);
+        let mut ws = up(&s, &vec![0u32; g.ks.sample_workspace_len(rows).unwrap()]);
         let ms = time_ms(&s, 20, || {
-            g.ks.argmax(&s, &l, rows, vocab, vocab, &mut out).unwrap()
+            g.ks.argmax(&s, &l, rows, vocab, vocab, &mut out, &mut ws)
+                .unwrap()
         });
         report(&format!("argmax rows={rows}"), ms, 0.0);
         let p: Vec<SamplingRow> = (0..rows)
@@ -274,7 +276,7 @@ fn bench_attention_gdn_sample() {
             .collect();
         let p = up(&s, &p);
         let ms = time_ms(&s, 20, || {
-            g.ks.sample(&s, &l, rows, vocab, vocab, &p, &mut out)
+            g.ks.sample(&s, &l, rows, vocab, vocab, &p, &mut out, &mut ws)
                 .unwrap()
         });
         report(&format!("sample top-k 40 top-p 0.9 rows={rows}"), ms, 0.0);
@@ -290,7 +292,7 @@ fn bench_attention_gdn_sample() {
             .collect();
         let p1 = up(&s, &p1);
         let ms = time_ms(&s, 20, || {
-            g.ks.sample(&s, &l, rows, vocab, vocab, &p1, &mut out)
+            g.ks.sample(&s, &l, rows, vocab, vocab, &p1, &mut out, &mut ws)
                 .unwrap()
         });
         report(&format!("sample top-p 0.95 rows={rows}"), ms, 0.0);

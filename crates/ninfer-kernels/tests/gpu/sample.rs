@@ -1,8 +1,19 @@
 //! sample.cu: argmax and filtered sampling against the contract in the kernel's header.
 
+use std::sync::Arc;
+
+use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream};
 use ninfer_kernels::SamplingRow;
 
 use crate::common::*;
+
+/// Scratch for `rows` rows, filled with garbage: the kernel must not rely on its contents.
+fn workspace(g: &Gpu, s: &Arc<CudaStream>, rows: usize) -> CudaSlice<u32> {
+    up(
+        s,
+        &vec![0xdead_beefu32; g.ks.sample_workspace_len(rows).unwrap()],
+    )
+}
 
 fn ref_argmax(l: &[f32]) -> i32 {
     let mut best = 0usize;
@@ -105,7 +116,9 @@ fn argmax_ties_and_nan() {
     l[ld - 1] = 1e9; // padding past vocab is never read
     let dl = up(&s, &l);
     let mut out = up(&s, &[-1i32; 3]);
-    g.ks.argmax(&s, &dl, rows, vocab, ld, &mut out).unwrap();
+    let mut ws = workspace(g, &s, rows);
+    g.ks.argmax(&s, &dl, rows, vocab, ld, &mut out, &mut ws)
+        .unwrap();
     assert_eq!(down(&s, &out), vec![7, 123_457, 0]);
 }
 
@@ -144,7 +157,8 @@ fn sample_matches_reference_definition() {
     let dl = up(&s, &l);
     let dp = up(&s, &cases);
     let mut out = up(&s, &vec![-1i32; rows]);
-    g.ks.sample(&s, &dl, rows, vocab, vocab, &dp, &mut out)
+    let mut ws = workspace(g, &s, rows);
+    g.ks.sample(&s, &dl, rows, vocab, vocab, &dp, &mut out, &mut ws)
         .unwrap();
     let got = down(&s, &out);
     for r in 0..rows {
@@ -167,7 +181,8 @@ fn sample_full_vocab_rows() {
     let l = rng.f32s(cases.len() * vocab, 4.0);
     let (dl, dp) = (up(&s, &l), up(&s, &cases));
     let mut out = up(&s, &vec![-1i32; cases.len()]);
-    g.ks.sample(&s, &dl, cases.len(), vocab, vocab, &dp, &mut out)
+    let mut ws = workspace(g, &s, cases.len());
+    g.ks.sample(&s, &dl, cases.len(), vocab, vocab, &dp, &mut out, &mut ws)
         .unwrap();
     let got = down(&s, &out);
     for (r, p) in cases.iter().enumerate() {
@@ -191,6 +206,39 @@ fn sample_known_distribution() {
     let cases: Vec<SamplingRow> = us.iter().map(|&u| row(1.0, 0, 1.0, 0.0, u)).collect();
     let (dl, dp) = (up(&s, &l), up(&s, &cases));
     let mut out = up(&s, &vec![-1i32; us.len()]);
-    g.ks.sample(&s, &dl, us.len(), 4, 4, &dp, &mut out).unwrap();
+    let mut ws = workspace(g, &s, us.len());
+    g.ks.sample(&s, &dl, us.len(), 4, 4, &dp, &mut out, &mut ws)
+        .unwrap();
     assert_eq!(down(&s, &out), want.to_vec());
+}
+
+#[test]
+fn sample_many_rows_in_several_launches() {
+    // 1500 rows exceed what one cooperative launch holds on any current GPU (a few blocks per
+    // multiprocessor), so the launcher splits them; each row still matches the reference.
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(903);
+    let (rows, vocab) = (1500, 300);
+    let l = rng.f32s(rows * vocab, 2.0);
+    let cases: Vec<SamplingRow> = (0..rows)
+        .map(|i| match i % 3 {
+            0 => row(0.0, 0, 1.0, 0.0, 0.5),
+            1 => row(0.9, 10, 1.0, 0.0, rng.uniform() as f32),
+            _ => row(1.1, 0, 0.8, 0.01, rng.uniform() as f32),
+        })
+        .collect();
+    let (dl, dp) = (up(&s, &l), up(&s, &cases));
+    let mut out = up(&s, &vec![-1i32; rows]);
+    let mut ws = workspace(g, &s, rows);
+    g.ks.sample(&s, &dl, rows, vocab, vocab, &dp, &mut out, &mut ws)
+        .unwrap();
+    let got = down(&s, &out);
+    for r in 0..rows {
+        assert_eq!(
+            got[r],
+            ref_sample(&l[r * vocab..(r + 1) * vocab], &cases[r]),
+            "row {r}"
+        );
+    }
 }

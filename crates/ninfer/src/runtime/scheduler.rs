@@ -134,18 +134,30 @@ pub(crate) fn run(mut backend: Box<dyn Backend>, tokenizer: Option<Tokenizer>, s
         if running.is_empty() {
             continue;
         }
-        let generated = step(backend.as_mut(), &mut running, &limits);
-        let mut q = shared.queue.lock().unwrap_or_else(|p| p.into_inner());
-        q.stats.generated_tokens += generated;
-        q.stats.steps += 1;
-        q.stats.running = running.len();
-        q.stats.slots_used = running.len();
+        let (generated, finished) = step(backend.as_mut(), &mut running, &limits);
+        {
+            let mut q = shared.queue.lock().unwrap_or_else(|p| p.into_inner());
+            q.stats.generated_tokens += generated;
+            q.stats.steps += 1;
+            q.stats.running = running.len();
+            q.stats.slots_used = running.len();
+        }
+        // Final events go out after the stats say the slots are free, so a caller that sees a
+        // request end also sees its slot released.
+        for (mut s, how) in finished {
+            if let Some((reason, stop)) = how {
+                s.finish(reason, stop);
+            }
+        }
     }
 }
 
+type Finished = (Sequence, Option<(FinishReason, Option<String>)>);
+
 /// One round over the running sequences; finished ones are removed and their slots freed.
-/// Returns the number of tokens generated.
-fn step(backend: &mut dyn Backend, running: &mut Vec<Sequence>, limits: &Limits) -> u64 {
+/// Returns the number of tokens generated and the finished sequences, whose final events the
+/// caller sends (a failed step has already sent its error events).
+fn step(backend: &mut dyn Backend, running: &mut Vec<Sequence>, limits: &Limits) -> (u64, Vec<Finished>) {
     // Rows: every generating sequence decodes one token; the first sequence still reading its
     // prompt contributes one chunk.
     let mut rows: Vec<(usize, Vec<u32>)> = Vec::new();
@@ -190,14 +202,15 @@ fn step(backend: &mut dyn Backend, running: &mut Vec<Sequence>, limits: &Limits)
         }
     }
     finished.sort_by_key(|f| std::cmp::Reverse(f.0));
-    for (i, how) in finished {
-        let mut s = running.remove(i);
-        backend.free_slot(s.slot);
-        if let Some((reason, stop)) = how {
-            s.finish(reason, stop);
-        }
-    }
-    produced
+    let done = finished
+        .into_iter()
+        .map(|(i, how)| {
+            let s = running.remove(i);
+            backend.free_slot(s.slot);
+            (s, how)
+        })
+        .collect();
+    (produced, done)
 }
 
 /// Samples one token for `s` and sends its text; returns the finish reason if it ended.
