@@ -123,7 +123,7 @@ def _open_engine(args: argparse.Namespace, **options: object):
         raise CliError(str(e)) from None
 
 
-def _sampling(args: argparse.Namespace, engine) -> "SamplingParams":
+def _sampling(args: argparse.Namespace, engine):
     from ninfer import SamplingParams
 
     gen = engine.generation_config
