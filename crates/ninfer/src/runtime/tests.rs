@@ -100,11 +100,10 @@ fn dropping_a_stream_cancels_and_frees_the_slot() {
 #[test]
 fn full_queue_is_refused() {
     let e = engine("rt-queue", EngineOptions { max_concurrency: 1, max_pending: 1, ..Default::default() });
-    let _a = e.stream(tokens(1, 3), greedy(5000)).unwrap();
-    // Give the scheduler time to admit the first request so the queue is empty again.
-    while e.stats().running == 0 {
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    let _b = e.stream(tokens(2, 3), greedy(5000)).unwrap();
+    let long = SamplingParams { ignore_eos: true, ..greedy(4000) };
+    let mut a = e.stream(tokens(1, 3), long.clone()).unwrap();
+    // Its first token proves `a` holds the only slot, so `b` must wait and `c` finds the queue full.
+    assert!(matches!(a.next(), Some(Event::Delta { .. })));
+    let _b = e.stream(tokens(2, 3), long).unwrap();
     assert!(matches!(e.stream(tokens(3, 3), greedy(5)), Err(EngineError::QueueFull(1))));
 }
