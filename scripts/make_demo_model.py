@@ -1,14 +1,20 @@
 """Builds the demo model bundled in the wheel: python/ninfer/models/demo.ninfer.
 
-A tiny `qwen3_5_moe` with the real block structure (3 Gated DeltaNet layers + 1 gated attention
-layer, routed experts top-2 with a shared expert) and RANDOM weights, so its text is noise; it
-exists so that `ninfer generate "hello"` and `ninfer serve` work on any machine. Its tokenizer is
-a small byte-level BPE trained here on the Python standard library's sources, holding the Qwen
-special tokens by name so the Qwen3.6 chat template works on it.
+By default the demo is ninfer-tiny, the small `qwen3_5_moe` trained by scripts/train_tiny.py on
+Python source code (checkpoint in tests/fixtures/ninfer-tiny/), converted with the
+`qwen3_6_35b_a3b_nvfp4` recipe: `ninfer generate "def fibonacci(n):"` writes plausible Python on
+any machine. docs/quality.md gives its perplexities.
 
-Needs numpy and the `tokenizers` Python package (a development dependency, not a runtime one).
-Run from the repository root: `python scripts/make_demo_model.py`. Deterministic for a given
-Python version (the corpus is that version's standard library).
+With `--random` (or when that checkpoint is missing) it is instead a tiny model of the same block
+structure (3 Gated DeltaNet layers + 1 gated attention layer, routed experts top-2 with a shared
+expert) with RANDOM weights, whose text is noise. Its tokenizer is a small byte-level BPE trained
+here on the Python standard library's sources, holding the Qwen special tokens by name so the
+Qwen3.6 chat template works on it; scripts/train_tiny.py trains its tokenizer with the same code.
+
+Needs numpy, the built `ninfer` package and, for `--random`, the `tokenizers` Python package (a
+development dependency, not a runtime one). Run from the repository root:
+`python scripts/make_demo_model.py`. The random model is deterministic for a given Python version
+(the corpus is that version's standard library).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
+TINY = ROOT / "tests" / "fixtures" / "ninfer-tiny"
 
 # model-spec.md §5.1, in id order.
 QWEN_SPECIAL_TOKENS = [
@@ -153,35 +160,47 @@ def demo_config(vocab: int, eos: list[int]) -> dict:
     }
 
 
+def random_source(dst: Path, vocab: int, seed: int) -> None:
+    """Writes the random-weights checkpoint directory `dst`."""
+    from ninfer.chat import default_template
+
+    tok_json = train_tokenizer(vocab, stdlib_files(8 << 20))
+    added = {t["content"]: t["id"] for t in json.loads(tok_json)["added_tokens"]}
+    eos = [added["<|im_end|>"], added["<|endoftext|>"]]
+    cfg = demo_config(vocab, eos)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=1))
+    (dst / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": eos, "pad_token_id": eos[1], "do_sample": True, "temperature": 0.7, "top_p": 0.95, "top_k": 20}))
+    (dst / "tokenizer.json").write_text(tok_json)
+    (dst / "chat_template.jinja").write_text(default_template())
+    save_safetensors(dst / "model.safetensors", random_checkpoint(cfg, seed))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--output", default=str(ROOT / "python/ninfer/models/demo.ninfer"))
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--source", default=str(TINY), help="trained checkpoint to convert (default: ninfer-tiny)")
+    ap.add_argument("--random", action="store_true", help="build the random-weights model instead")
+    ap.add_argument("--vocab", type=int, default=4096, help="vocabulary of the random model")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random model")
     args = ap.parse_args()
 
-    from ninfer.chat import default_template
     from ninfer.convert import convert
 
-    tok_json = train_tokenizer(args.vocab, stdlib_files(8 << 20))
-    added = {t["content"]: t["id"] for t in json.loads(tok_json)["added_tokens"]}
-    eos = [added["<|im_end|>"], added["<|endoftext|>"]]
-    cfg = demo_config(args.vocab, eos)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    src = Path(args.source)
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "ninfer-demo"
-        src.mkdir()
-        (src / "config.json").write_text(json.dumps(cfg, indent=1))
-        (src / "generation_config.json").write_text(json.dumps(
-            {"eos_token_id": eos, "pad_token_id": eos[1], "do_sample": True, "temperature": 0.7, "top_p": 0.95, "top_k": 20}))
-        (src / "tokenizer.json").write_text(tok_json)
-        (src / "chat_template.jinja").write_text(default_template())
-        save_safetensors(src / "model.safetensors", random_checkpoint(cfg, args.seed))
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        report = convert(src, out, "qwen3_6_35b_a3b_nvfp4", name="ninfer-demo (random weights)", overwrite=True, progress=False)
+        if args.random or not (src / "model.safetensors").exists():
+            src, name = Path(tmp) / "ninfer-demo", "ninfer-demo (random weights)"
+            src.mkdir()
+            random_source(src, args.vocab, args.seed)
+        else:
+            name = "ninfer-tiny"
+        report = convert(src, out, "qwen3_6_35b_a3b_nvfp4", name=name, overwrite=True, progress=False)
     for extra in ("conversion_json", "sha256sums"):
         Path(report["paths"][extra]).unlink(missing_ok=True)
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+    print(f"wrote {out}: {name} ({out.stat().st_size / 1e6:.2f} MB)")
 
 
 if __name__ == "__main__":

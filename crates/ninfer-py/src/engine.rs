@@ -248,6 +248,46 @@ impl PyEngine {
     }
 }
 
+/// The backend of a `Runner`: `auto` is CUDA when this build has it and a supported GPU is
+/// present, else the CPU.
+fn open_runner_backend(art: &Artifact, device: Device, max_slots: usize, max_context: usize) -> Result<Box<dyn Backend>, String> {
+    #[cfg(feature = "cuda")]
+    {
+        use ninfer::backend::cuda::{supported_gpu, CudaBackend, CudaOptions};
+        if device == Device::Cuda || (device == Device::Auto && supported_gpu().is_some()) {
+            let o = CudaOptions { max_slots, max_context, ..CudaOptions::default() };
+            return match CudaBackend::open(art, o) {
+                Ok(b) => Ok(Box::new(b)),
+                Err(e) => Err(format!("device `cuda`: {e}")),
+            };
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    if device == Device::Cuda {
+        return Err("device `cuda` is not available: this build of ninfer has no CUDA support (built without the `cuda` feature)".into());
+    }
+    let b = CpuBackend::open(art, CpuOptions { max_slots, max_context, mtp: false }).map_err(|e| e.to_string())?;
+    Ok(Box::new(b))
+}
+
+/// Whether this build carries the CUDA backend (`_core.CUDA_BUILT`).
+pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
+
+/// Device-to-device copy bandwidth of GPU 0 in bytes/s: a 1 GiB buffer copied several times,
+/// the best run, bytes read plus bytes written.
+#[pyfunction]
+fn cuda_copy_bandwidth(py: Python<'_>) -> PyResult<f64> {
+    #[cfg(feature = "cuda")]
+    {
+        py.detach(ninfer::backend::cuda::copy_bandwidth).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = py;
+        Err(PyRuntimeError::new_err("this build of ninfer has no CUDA support"))
+    }
+}
+
 /// One backend driven directly, step by step, without the scheduler.
 #[pyclass(name = "Runner", module = "ninfer._core", frozen)]
 struct PyRunner {
@@ -259,17 +299,20 @@ impl PyRunner {
     #[new]
     #[pyo3(signature = (path, device = "cpu", max_slots = 4, max_context = 8192))]
     fn new(py: Python<'_>, path: PathBuf, device: &str, max_slots: usize, max_context: usize) -> PyResult<Self> {
-        if device != "cpu" {
-            return Err(PyValueError::new_err(format!("Runner supports device `cpu` in this build, not `{device}`")));
-        }
+        let device: Device = device.parse().map_err(PyValueError::new_err)?;
         let backend = py
             .detach(|| -> Result<Box<dyn Backend>, String> {
                 let art = Artifact::open(&path).map_err(|e| e.to_string())?;
-                let b = CpuBackend::open(&art, CpuOptions { max_slots, max_context, mtp: false }).map_err(|e| e.to_string())?;
-                Ok(Box::new(b))
+                open_runner_backend(&art, device, max_slots, max_context)
             })
             .map_err(PyValueError::new_err)?;
         Ok(PyRunner { backend: Mutex::new(backend) })
+    }
+
+    /// The backend's name ("cpu", "cuda:0 NVIDIA H200").
+    #[getter]
+    fn backend_name(&self) -> String {
+        self.backend.lock().unwrap_or_else(|p| p.into_inner()).name()
     }
 
     fn alloc_slot(&self) -> PyResult<u32> {
@@ -336,5 +379,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngine>()?;
     m.add_class::<PyRunner>()?;
     m.add_class::<PyTokenizer>()?;
+    m.add("CUDA_BUILT", CUDA_BUILT)?;
+    m.add_function(wrap_pyfunction!(cuda_copy_bandwidth, m)?)?;
     Ok(())
 }

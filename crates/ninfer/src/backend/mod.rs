@@ -5,8 +5,11 @@
 //! sequence's state (attention KV, GDN conv and recurrent state) in slots that the runtime
 //! allocates and frees.
 //! - `cpu`: the reference, f32 math over dequantized weights.
+//! - `cuda` (feature `cuda`): the GPU backend over the kernels of `ninfer-kernels`.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use crate::model::ModelConfig;
 

@@ -93,10 +93,52 @@ fn open_backend(art: &Artifact, opts: &EngineOptions) -> Result<Box<dyn Backend>
         Ok(Box::new(CpuBackend::open(art, o)?))
     };
     match opts.device {
-        Device::Cpu | Device::Auto => cpu(),
-        Device::Cuda => Err(EngineError::Unsupported(
-            "device `cuda` is not available in this build: the CUDA backend has not landed yet (use device `cpu`)".into(),
-        )),
+        Device::Cpu => cpu(),
+        Device::Auto if !cuda::available() => cpu(),
+        Device::Auto | Device::Cuda => cuda::open(art, opts),
+    }
+}
+
+/// Device selection for CUDA: compiled in only with the `cuda` feature.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::{EngineError, EngineOptions};
+    use crate::artifact::Artifact;
+    use crate::backend::cuda::{supported_gpu, CudaBackend, CudaOptions};
+    use crate::backend::Backend;
+
+    /// A GPU this build has kernels for is present.
+    pub fn available() -> bool {
+        supported_gpu().is_some()
+    }
+
+    pub fn open(art: &Artifact, opts: &EngineOptions) -> Result<Box<dyn Backend>, EngineError> {
+        // A step holds a decode row per running sequence plus one prompt chunk.
+        let o = CudaOptions {
+            device: 0,
+            max_slots: opts.max_concurrency,
+            max_context: opts.max_context,
+            max_step_tokens: opts.prefill_chunk + opts.max_concurrency,
+        };
+        let b = CudaBackend::open(art, o).map_err(|e| EngineError::Unsupported(format!("device `cuda`: {e}")))?;
+        Ok(Box::new(b))
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod cuda {
+    use super::{EngineError, EngineOptions};
+    use crate::artifact::Artifact;
+    use crate::backend::Backend;
+
+    pub fn available() -> bool {
+        false
+    }
+
+    pub fn open(_: &Artifact, _: &EngineOptions) -> Result<Box<dyn Backend>, EngineError> {
+        Err(EngineError::Unsupported(
+            "device `cuda` is not available: this build of ninfer has no CUDA support (built without the `cuda` feature); use device `cpu`".into(),
+        ))
     }
 }
 
@@ -285,5 +327,31 @@ impl Drop for Stream<'_> {
         if !self.done {
             self.engine.cancel(self.id);
         }
+    }
+}
+
+#[cfg(test)]
+mod device_tests {
+    use super::*;
+    use crate::model::testutil::{write_tiny, TinyOpts};
+
+    #[test]
+    fn device_selection_without_a_usable_gpu() {
+        let path = write_tiny("device-sel", &TinyOpts::default());
+        let opts = |device| EngineOptions { device, ..EngineOptions::default() };
+        // CUDA is compiled in only with the `cuda` feature and used only where a GPU is present.
+        let gpu = cfg!(feature = "cuda") && cuda::available();
+        if !gpu {
+            let e = Engine::open(&path, opts(Device::Auto)).unwrap();
+            assert_eq!(e.backend_name(), "cpu");
+            let err = Engine::open(&path, opts(Device::Cuda)).err().expect("no usable GPU");
+            let msg = err.to_string();
+            assert!(msg.starts_with("device `cuda`"), "{msg}");
+            if !cfg!(feature = "cuda") {
+                assert!(msg.contains("no CUDA support"), "{msg}");
+            }
+        }
+        assert_eq!(Engine::open(&path, opts(Device::Cpu)).unwrap().backend_name(), "cpu");
+        std::fs::remove_file(&path).unwrap();
     }
 }

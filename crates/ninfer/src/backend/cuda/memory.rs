@@ -1,0 +1,234 @@
+//! Device memory besides the weights, planned and allocated once at open (DESIGN.md §5, §6):
+//! sequence state (paged KV of the full-attention layers for every slot at the full context,
+//! GDN conv and recurrent state per slot) and the activation workspace of the largest pass.
+//! Sizes are computed first, so that a plan larger than the free memory fails with the numbers
+//! before anything is allocated.
+
+use std::sync::Arc;
+
+use half::bf16;
+use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use ninfer_kernels::GDN_CONV_WIDTH;
+
+use crate::model::{LayerKind, ModelConfig};
+
+use super::plan::MetaLayout;
+use super::{drv, BackendError};
+
+/// KV positions per page. Each slot owns a fixed run of pages covering the full context.
+pub(super) const PAGE: usize = 64;
+/// Rows of logits computed and copied back at a time.
+pub(super) const LOGIT_ROWS: usize = 64;
+
+/// Every size the allocations follow.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Dims {
+    pub slots: usize,
+    pub t_cap: usize,
+    pub pages: usize,
+    pub h: usize,
+    pub v: usize,
+    pub cd: usize,
+    pub vd: usize,
+    pub hv: usize,
+    pub dk: usize,
+    pub dv: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
+    pub e: usize,
+    pub topk: usize,
+    pub inter: usize,
+    pub linear_layers: usize,
+    pub attn_layers: usize,
+}
+
+impl Dims {
+    pub fn new(c: &ModelConfig, slots: usize, max_context: usize, t_cap: usize) -> Dims {
+        Dims {
+            slots,
+            t_cap,
+            pages: max_context.div_ceil(PAGE),
+            h: c.hidden_size,
+            v: c.vocab_size,
+            cd: c.gdn_conv_dim(),
+            vd: c.gdn_value_dim(),
+            hv: c.linear_num_value_heads,
+            dk: c.linear_key_head_dim,
+            dv: c.linear_value_head_dim,
+            hq: c.num_attention_heads,
+            hkv: c.num_kv_heads,
+            d: c.head_dim,
+            e: c.num_experts,
+            topk: c.num_experts_per_tok,
+            inter: c.moe_intermediate_size.max(c.shared_expert_intermediate_size),
+            linear_layers: c.layer_types.iter().filter(|k| **k == LayerKind::LinearAttention).count(),
+            attn_layers: c.layer_types.iter().filter(|k| **k == LayerKind::FullAttention).count(),
+        }
+    }
+
+    pub fn meta(&self) -> MetaLayout {
+        MetaLayout { t_cap: self.t_cap, s_cap: self.slots, pages: self.pages }
+    }
+
+    /// KV cache rows of one layer (every slot's pages).
+    pub fn cache_rows(&self) -> usize {
+        self.slots * self.pages * PAGE
+    }
+
+    fn kv_elems(&self) -> usize {
+        self.cache_rows() * self.hkv * self.d
+    }
+
+    fn conv_elems(&self) -> usize {
+        self.slots * (GDN_CONV_WIDTH - 1) * self.cd
+    }
+
+    fn rec_elems(&self) -> usize {
+        self.slots * self.hv * self.dk * self.dv
+    }
+
+    /// Bytes of sequence state.
+    pub fn state_bytes(&self) -> usize {
+        self.attn_layers * 2 * self.kv_elems() * 2 + self.linear_layers * (self.conv_elems() * 2 + self.rec_elems() * 4)
+    }
+
+    fn proj_elems(&self) -> usize {
+        let gdn = if self.linear_layers > 0 { self.cd } else { 0 };
+        let attn = if self.attn_layers > 0 { 2 * self.hq * self.d } else { 0 };
+        self.t_cap * gdn.max(attn).max(self.vd)
+    }
+
+    fn conv_elems_ws(&self) -> usize {
+        if self.linear_layers > 0 {
+            self.t_cap * self.cd
+        } else {
+            1
+        }
+    }
+
+    fn mix_elems(&self) -> usize {
+        self.t_cap * self.vd.max(self.hq * self.d)
+    }
+
+    /// MoE slots of a pass: routed plus one shared slot per token.
+    fn moe_slots(&self) -> usize {
+        self.t_cap * (self.topk + 1)
+    }
+
+    /// Bytes of the activation workspace.
+    pub fn workspace_bytes(&self) -> usize {
+        let bf = 3 * self.t_cap * self.h
+            + self.proj_elems()
+            + self.conv_elems_ws()
+            + 2 * self.t_cap * self.hkv * self.d
+            + self.t_cap * self.vd
+            + self.t_cap * 2 * self.hv
+            + self.mix_elems()
+            + self.t_cap * (self.e + 1)
+            + self.moe_slots() * self.inter
+            + LOGIT_ROWS * self.h;
+        let f = self.moe_slots() + LOGIT_ROWS * self.v;
+        let i = self.t_cap * self.topk + self.meta().len();
+        bf * 2 + f * 4 + i * 4
+    }
+}
+
+/// Per-slot sequence state of every layer, indexed by the layer's position among its kind.
+pub(super) struct States {
+    /// (k, v) caches `[cache_rows, Hkv, D]` per full-attention layer.
+    pub kv: Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>,
+    /// bf16 `[slots, 3, Cd]` per GDN layer.
+    pub conv: Vec<CudaSlice<bf16>>,
+    /// f32 `[slots, Hv, dk, dv]` per GDN layer.
+    pub rec: Vec<CudaSlice<f32>>,
+}
+
+fn zeros<T: DeviceRepr + ValidAsZeroBits>(s: &Arc<CudaStream>, n: usize, what: &'static str) -> Result<CudaSlice<T>, BackendError> {
+    s.alloc_zeros::<T>(n.max(1)).map_err(drv(what))
+}
+
+impl States {
+    pub fn alloc(s: &Arc<CudaStream>, d: &Dims) -> Result<States, BackendError> {
+        let kv = (0..d.attn_layers)
+            .map(|_| Ok((zeros(s, d.kv_elems(), "the KV cache")?, zeros(s, d.kv_elems(), "the KV cache")?)))
+            .collect::<Result<Vec<_>, BackendError>>()?;
+        let conv = (0..d.linear_layers).map(|_| zeros(s, d.conv_elems(), "the GDN conv state")).collect::<Result<_, _>>()?;
+        let rec = (0..d.linear_layers).map(|_| zeros(s, d.rec_elems(), "the GDN state")).collect::<Result<_, _>>()?;
+        Ok(States { kv, conv, rec })
+    }
+
+    /// Zeroes a slot's GDN state (a new sequence starts from zero state, model-spec.md §2.4);
+    /// its KV rows need no clearing, attention reads only positions below the sequence length.
+    pub fn reset_slot(&mut self, s: &Arc<CudaStream>, d: &Dims, slot: usize) -> Result<(), BackendError> {
+        let (cn, rn) = (d.conv_elems() / d.slots, d.rec_elems() / d.slots);
+        for c in &mut self.conv {
+            s.memset_zeros(&mut c.slice_mut(slot * cn..(slot + 1) * cn)).map_err(drv("clearing a slot"))?;
+        }
+        for r in &mut self.rec {
+            s.memset_zeros(&mut r.slice_mut(slot * rn..(slot + 1) * rn)).map_err(drv("clearing a slot"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Activation buffers for one pass of up to `t_cap` tokens.
+pub(super) struct Workspace {
+    /// Residual stream `[T, H]`.
+    pub h: CudaSlice<bf16>,
+    /// Normed input of a block `[T, H]`.
+    pub a: CudaSlice<bf16>,
+    /// A mixer's output `[T, H]`.
+    pub delta: CudaSlice<bf16>,
+    /// GDN qkv `[T, Cd]`, the gated norm's output `[T, Vd]`, or attention q‖gate `[T, 2·Hq·D]`.
+    pub proj: CudaSlice<bf16>,
+    pub k: CudaSlice<bf16>,
+    pub v: CudaSlice<bf16>,
+    /// GDN z gate `[T, Vd]`.
+    pub z: CudaSlice<bf16>,
+    /// GDN b then a logits, `[T, 2·Hv]`.
+    pub ba: CudaSlice<bf16>,
+    /// GDN conv output `[T, Cd]`.
+    pub conv: CudaSlice<bf16>,
+    /// GDN recurrence output `[T, Vd]` or attention output `[T, Hq·D]`.
+    pub mix: CudaSlice<bf16>,
+    /// Router logits plus the shared gate's, `[T, E + 1]`.
+    pub router: CudaSlice<bf16>,
+    pub ids: CudaSlice<i32>,
+    pub route_w: CudaSlice<f32>,
+    /// SiLU(g)·u of every MoE slot.
+    pub gu: CudaSlice<bf16>,
+    /// Final-normed rows that get logits, `[LOGIT_ROWS, H]`.
+    pub sel: CudaSlice<bf16>,
+    pub logits: CudaSlice<f32>,
+}
+
+impl Workspace {
+    pub fn alloc(s: &Arc<CudaStream>, d: &Dims) -> Result<Workspace, BackendError> {
+        let t = d.t_cap;
+        let w = "the activation workspace";
+        Ok(Workspace {
+            h: zeros(s, t * d.h, w)?,
+            a: zeros(s, t * d.h, w)?,
+            delta: zeros(s, t * d.h, w)?,
+            proj: zeros(s, d.proj_elems(), w)?,
+            k: zeros(s, t * d.hkv * d.d, w)?,
+            v: zeros(s, t * d.hkv * d.d, w)?,
+            z: zeros(s, t * d.vd, w)?,
+            ba: zeros(s, t * 2 * d.hv, w)?,
+            conv: zeros(s, d.conv_elems_ws(), w)?,
+            mix: zeros(s, d.mix_elems(), w)?,
+            router: zeros(s, t * (d.e + 1), w)?,
+            ids: zeros(s, t * d.topk, w)?,
+            route_w: zeros(s, d.moe_slots(), w)?,
+            gu: zeros(s, d.moe_slots() * d.inter, w)?,
+            sel: zeros(s, LOGIT_ROWS * d.h, w)?,
+            logits: zeros(s, LOGIT_ROWS * d.v, w)?,
+        })
+    }
+}
+
+/// The device buffer of the packed per-pass tables (plan.rs).
+pub(super) fn alloc_tables(s: &Arc<CudaStream>, d: &Dims) -> Result<CudaSlice<i32>, BackendError> {
+    zeros(s, d.meta().len(), "the step tables")
+}

@@ -1,0 +1,403 @@
+//! The model's weights on the GPU: every tensor the text model needs (docs/format.md §5) placed
+//! in one device arena, uploaded once from the mapped artifact.
+//!
+//! Encoded matrices go up byte for byte in the layouts of docs/format.md §3, which the kernels
+//! read directly. What the kernels cannot read (f32, f16 or fp8 matrices, or an input dimension
+//! that is not a whole number of the kernel's 16-byte chunks) is dequantized once to bf16 at
+//! load; norm weights and the conv taps become bf16, the GDN decay parameters f32 (the types the
+//! kernels take). Every shape is checked against the config first, so a mismatch names the
+//! tensor at open, never a wrong answer later.
+
+use std::io::Write as _;
+
+use half::bf16;
+use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use ninfer_kernels::{MatrixView, Weights};
+
+use crate::artifact::codec::PartSource;
+use crate::artifact::{Artifact, Encoding, TensorView};
+use crate::model::{LayerKind, ModelConfig};
+
+use super::{drv, BackendError};
+
+/// Parts start at multiples of this many bytes in the arena (the kernels need 16).
+const ALIGN: usize = 256;
+/// Host-to-device copies are cut into pieces of this size so progress can be reported.
+const COPY_PIECE: usize = 256 << 20;
+/// Weight uploads above this size report progress on stderr.
+const PROGRESS_MIN: usize = 1 << 30;
+
+/// A byte range of the arena.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Span {
+    off: usize,
+    len: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Parts {
+    Bf16 { data: Span },
+    Q8 { q: Span, scales: Span },
+    Q6 { ql: Span, qh: Span, scales: Span },
+    Q4 { q: Span, scales: Span },
+    Nvfp4 { codes: Span, scales: Span, global: Span, segments: usize },
+}
+
+/// One matrix `[rows, cols]` or expert bank `[experts, rows, cols]` in the arena.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DevMat {
+    parts: Parts,
+    pub experts: usize,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl DevMat {
+    /// Same encoding and shape: two such matrices can share one launch (bank + shared expert).
+    pub fn same_layout(&self, other: &DevMat) -> bool {
+        std::mem::discriminant(&self.parts) == std::mem::discriminant(&other.parts)
+            && (self.rows, self.cols) == (other.rows, other.cols)
+    }
+}
+
+pub(super) struct GdnW {
+    pub qkv: DevMat,
+    pub z: DevMat,
+    pub b: DevMat,
+    pub a: DevMat,
+    pub out: DevMat,
+    /// bf16 `[C, 4]`.
+    pub conv: Span,
+    /// f32 `[Hv]` each.
+    pub a_log: Span,
+    pub dt_bias: Span,
+    /// bf16 `[dv]`.
+    pub norm: Span,
+}
+
+pub(super) struct AttnW {
+    pub q: DevMat,
+    pub k: DevMat,
+    pub v: DevMat,
+    pub o: DevMat,
+    pub q_norm: Span,
+    pub k_norm: Span,
+}
+
+pub(super) struct SharedW {
+    pub gate_up: DevMat,
+    pub down: DevMat,
+    /// `[1, H]`: the scalar gate's logit row.
+    pub gate: DevMat,
+}
+
+pub(super) struct MoeW {
+    pub router: DevMat,
+    pub gate_up: DevMat,
+    pub down: DevMat,
+    pub shared: Option<SharedW>,
+    /// The shared expert has the banks' encoding and shape, so it rides in the same launches.
+    pub fused: bool,
+}
+
+pub(super) enum MixerW {
+    Gdn(GdnW),
+    Attn(AttnW),
+}
+
+pub(super) struct LayerW {
+    pub attn_norm: Span,
+    pub moe_norm: Span,
+    pub mixer: MixerW,
+    pub moe: MoeW,
+}
+
+pub(super) struct ModelW {
+    pub embed: DevMat,
+    pub layers: Vec<LayerW>,
+    pub final_norm: Span,
+    pub head: DevMat,
+}
+
+/// Where the bytes of one arena range come from.
+enum Src {
+    /// A stored part of the named tensor, as is.
+    Part(String, &'static str),
+    /// The named tensor dequantized to bf16.
+    Bf16Of(String),
+    /// The named tensor dequantized to f32.
+    F32Of(String),
+}
+
+/// The arena layout, decided before anything is allocated.
+pub(super) struct WeightPlan<'a> {
+    art: &'a Artifact,
+    items: Vec<(Src, Span)>,
+    total: usize,
+    pub model: ModelW,
+}
+
+impl WeightPlan<'_> {
+    /// Bytes of the arena.
+    pub fn bytes(&self) -> usize {
+        self.total
+    }
+}
+
+/// Inner dimension multiple each raw encoding needs (a lane's 16-byte chunk and whole groups).
+fn raw_cols_multiple(enc: Encoding) -> Option<usize> {
+    match enc {
+        Encoding::Bf16 => Some(8),
+        Encoding::Q8G32 | Encoding::Q4G32 | Encoding::Nvfp4 => Some(32),
+        Encoding::Q6G64 => Some(64),
+        Encoding::F32 | Encoding::F16 | Encoding::Fp8E4m3 => None,
+    }
+}
+
+struct Planner<'a> {
+    art: &'a Artifact,
+    items: Vec<(Src, Span)>,
+    total: usize,
+}
+
+impl<'a> Planner<'a> {
+    fn push(&mut self, src: Src, len: usize) -> Span {
+        let off = self.total.div_ceil(ALIGN) * ALIGN;
+        self.total = off + len;
+        let span = Span { off, len };
+        self.items.push((src, span));
+        span
+    }
+
+    /// The tensor, if its logical shape is one of `shapes`.
+    fn tensor(&self, name: &str, shapes: &[&[usize]]) -> Result<TensorView<'a>, BackendError> {
+        let t = self.art.tensor(name)?;
+        if !shapes.contains(&t.shape) {
+            return Err(BackendError::Model(format!(
+                "tensor `{name}` has shape {:?}, the config needs {:?}",
+                t.shape, shapes[0]
+            )));
+        }
+        Ok(t)
+    }
+
+    /// A stored part of `t`, uploaded as is.
+    fn raw(&mut self, t: &TensorView<'_>, part: &'static str) -> Result<Span, BackendError> {
+        let len = t.part(part)?.len();
+        Ok(self.push(Src::Part(t.name.to_string(), part), len))
+    }
+
+    /// A matrix or bank: raw parts when the kernels read the encoding and shape, else bf16.
+    fn mat(&mut self, name: &str, experts: usize, rows: usize, cols: usize) -> Result<DevMat, BackendError> {
+        let shape3 = [experts, rows, cols];
+        let shape = if experts == 1 { &shape3[1..] } else { &shape3[..] };
+        let t = self.tensor(name, &[shape])?;
+        let raw = raw_cols_multiple(t.encoding).is_some_and(|m| cols.is_multiple_of(m));
+        self.mat_from(t, raw, experts, rows, cols)
+    }
+
+    fn mat_from(&mut self, t: TensorView<'a>, raw: bool, experts: usize, rows: usize, cols: usize) -> Result<DevMat, BackendError> {
+        let parts = if !raw || t.encoding == Encoding::Bf16 {
+            if !cols.is_multiple_of(8) {
+                return Err(BackendError::Model(format!(
+                    "tensor `{}`: the CUDA kernels need an input dimension that is a multiple of 8, not {cols}",
+                    t.name
+                )));
+            }
+            let data = if t.encoding == Encoding::Bf16 {
+                self.raw(&t, "data")?
+            } else {
+                self.push(Src::Bf16Of(t.name.to_string()), t.numel() * 2)
+            };
+            Parts::Bf16 { data }
+        } else {
+            let mut raw_part = |name: &'static str| self.raw(&t, name);
+            match t.encoding {
+                Encoding::Q8G32 => Parts::Q8 { q: raw_part("q")?, scales: raw_part("scales")? },
+                Encoding::Q6G64 => Parts::Q6 { ql: raw_part("ql")?, qh: raw_part("qh")?, scales: raw_part("scales")? },
+                Encoding::Q4G32 => Parts::Q4 { q: raw_part("q")?, scales: raw_part("scales")? },
+                Encoding::Nvfp4 => {
+                    let global = raw_part("global")?;
+                    let segments = global.len / 4 / experts;
+                    Parts::Nvfp4 { codes: raw_part("codes")?, scales: raw_part("scales")?, global, segments }
+                }
+                other => unreachable!("{other} is never uploaded raw"),
+            }
+        };
+        Ok(DevMat { parts, experts, rows, cols })
+    }
+
+    /// A vector (or a small matrix such as the conv taps) as bf16, any stored encoding.
+    fn bf16_vec(&mut self, name: &str, shapes: &[&[usize]]) -> Result<Span, BackendError> {
+        let t = self.tensor(name, shapes)?;
+        Ok(match t.encoding {
+            Encoding::Bf16 => self.raw(&t, "data")?,
+            _ => self.push(Src::Bf16Of(name.to_string()), t.numel() * 2),
+        })
+    }
+
+    fn f32_vec(&mut self, name: &str, len: usize) -> Result<Span, BackendError> {
+        let t = self.tensor(name, &[&[len]])?;
+        Ok(match t.encoding {
+            Encoding::F32 => self.raw(&t, "data")?,
+            _ => self.push(Src::F32Of(name.to_string()), len * 4),
+        })
+    }
+
+    fn layer(&mut self, c: &ModelConfig, i: usize) -> Result<LayerW, BackendError> {
+        let p = format!("layers.{i}");
+        let h = c.hidden_size;
+        let mixer = match c.layer_types[i] {
+            LayerKind::LinearAttention => {
+                let (hv, cd) = (c.linear_num_value_heads, c.gdn_conv_dim());
+                MixerW::Gdn(GdnW {
+                    qkv: self.mat(&format!("{p}.gdn.qkv"), 1, cd, h)?,
+                    z: self.mat(&format!("{p}.gdn.z"), 1, c.gdn_value_dim(), h)?,
+                    b: self.mat(&format!("{p}.gdn.b"), 1, hv, h)?,
+                    a: self.mat(&format!("{p}.gdn.a"), 1, hv, h)?,
+                    out: self.mat(&format!("{p}.gdn.out"), 1, h, c.gdn_value_dim())?,
+                    conv: self.bf16_vec(&format!("{p}.gdn.conv"), &[&[cd, 4], &[cd, 1, 4]])?,
+                    a_log: self.f32_vec(&format!("{p}.gdn.A_log"), hv)?,
+                    dt_bias: self.f32_vec(&format!("{p}.gdn.dt_bias"), hv)?,
+                    norm: self.bf16_vec(&format!("{p}.gdn.norm"), &[&[c.linear_value_head_dim]])?,
+                })
+            }
+            LayerKind::FullAttention => {
+                let (hq, hkv, d) = (c.num_attention_heads, c.num_kv_heads, c.head_dim);
+                MixerW::Attn(AttnW {
+                    q: self.mat(&format!("{p}.attn.q"), 1, 2 * hq * d, h)?,
+                    k: self.mat(&format!("{p}.attn.k"), 1, hkv * d, h)?,
+                    v: self.mat(&format!("{p}.attn.v"), 1, hkv * d, h)?,
+                    o: self.mat(&format!("{p}.attn.o"), 1, h, hq * d)?,
+                    q_norm: self.bf16_vec(&format!("{p}.attn.q_norm"), &[&[d]])?,
+                    k_norm: self.bf16_vec(&format!("{p}.attn.k_norm"), &[&[d]])?,
+                })
+            }
+        };
+        let (e, inter, is) = (c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size);
+        let gate_up = self.mat(&format!("{p}.moe.experts.gate_up"), e, 2 * inter, h)?;
+        let down = self.mat(&format!("{p}.moe.experts.down"), e, h, inter)?;
+        let shared = if is == 0 {
+            None
+        } else {
+            let gate_t = self.tensor(&format!("{p}.moe.shared_gate"), &[&[1, h], &[h]])?;
+            let gate_raw = raw_cols_multiple(gate_t.encoding).is_some_and(|m| h.is_multiple_of(m));
+            Some(SharedW {
+                gate_up: self.mat(&format!("{p}.moe.shared.gate_up"), 1, 2 * is, h)?,
+                down: self.mat(&format!("{p}.moe.shared.down"), 1, h, is)?,
+                gate: self.mat_from(gate_t, gate_raw, 1, 1, h)?,
+            })
+        };
+        let fused = shared.as_ref().is_some_and(|s| s.gate_up.same_layout(&gate_up) && s.down.same_layout(&down));
+        Ok(LayerW {
+            attn_norm: self.bf16_vec(&format!("{p}.attn_norm"), &[&[h]])?,
+            moe_norm: self.bf16_vec(&format!("{p}.moe_norm"), &[&[h]])?,
+            mixer,
+            moe: MoeW { router: self.mat(&format!("{p}.moe.router"), 1, e, h)?, gate_up, down, shared, fused },
+        })
+    }
+}
+
+/// Lays out every tensor of the text model (no allocation yet).
+pub(super) fn plan<'a>(art: &'a Artifact, c: &ModelConfig) -> Result<WeightPlan<'a>, BackendError> {
+    let mut p = Planner { art, items: Vec::new(), total: 0 };
+    let (v, h) = (c.vocab_size, c.hidden_size);
+    // The embedding kernel reads bf16 and q8_g32 tables; anything else becomes bf16.
+    let et = p.tensor("embed", &[&[v, h]])?;
+    let embed_raw = match et.encoding {
+        Encoding::Bf16 => h.is_multiple_of(8),
+        Encoding::Q8G32 => h.is_multiple_of(32),
+        _ => false,
+    };
+    let embed = p.mat_from(et, embed_raw, 1, v, h)?;
+    let layers = (0..c.num_layers).map(|i| p.layer(c, i)).collect::<Result<Vec<_>, _>>()?;
+    let final_norm = p.bf16_vec("final_norm", &[&[h]])?;
+    let head = p.mat("head", 1, v, h)?;
+    let Planner { items, total, .. } = p;
+    Ok(WeightPlan { art, items, total, model: ModelW { embed, layers, final_norm, head } })
+}
+
+/// The uploaded weights.
+pub(super) struct Arena {
+    buf: CudaSlice<u8>,
+}
+
+impl Arena {
+    /// Allocates the arena and copies every planned range into it.
+    pub fn upload(stream: &std::sync::Arc<CudaStream>, plan: &WeightPlan<'_>, label: &str) -> Result<Arena, BackendError> {
+        let mut buf = stream.alloc_zeros::<u8>(plan.total.max(1)).map_err(drv("allocating the weights"))?;
+        let loud = plan.total >= PROGRESS_MIN;
+        let mut done = 0usize;
+        let mut next_report = 0usize;
+        let mut report = |done: usize| {
+            if loud && done >= next_report {
+                eprint!("\rninfer: uploading weights to {label}: {:.1} / {:.1} GB", done as f64 / 1e9, plan.total as f64 / 1e9);
+                let _ = std::io::stderr().flush();
+                next_report = done + (1 << 30);
+            }
+        };
+        for (src, span) in &plan.items {
+            let mut dst = buf.slice_mut(span.off..span.off + span.len);
+            match src {
+                Src::Part(name, part) => {
+                    let t = plan.art.tensor(name)?;
+                    let b = t.part(part)?;
+                    for (i, piece) in b.chunks(COPY_PIECE).enumerate() {
+                        let o = i * COPY_PIECE;
+                        let mut d = dst.slice_mut(o..o + piece.len());
+                        stream.memcpy_htod(piece, &mut d).map_err(drv("uploading the weights"))?;
+                        report(done + o + piece.len());
+                    }
+                }
+                Src::Bf16Of(name) => {
+                    let vals: Vec<bf16> = plan.art.tensor(name)?.to_f32()?.into_iter().map(bf16::from_f32).collect();
+                    // SAFETY: the span was sized as numel·2 bytes; bf16 has no invalid bit patterns.
+                    let mut d = unsafe { dst.transmute_mut::<bf16>(vals.len()) }.expect("span sized for the values");
+                    stream.memcpy_htod(&vals, &mut d).map_err(drv("uploading the weights"))?;
+                }
+                Src::F32Of(name) => {
+                    let vals = plan.art.tensor(name)?.to_f32()?;
+                    // SAFETY: the span was sized as numel·4 bytes.
+                    let mut d = unsafe { dst.transmute_mut::<f32>(vals.len()) }.expect("span sized for the values");
+                    stream.memcpy_htod(&vals, &mut d).map_err(drv("uploading the weights"))?;
+                }
+            }
+            done += span.len;
+            report(done);
+        }
+        stream.synchronize().map_err(drv("uploading the weights"))?;
+        if loud {
+            eprintln!("\rninfer: uploaded {:.2} GB of weights to {label}          ", plan.total as f64 / 1e9);
+        }
+        Ok(Arena { buf })
+    }
+
+    fn view<T>(&self, s: Span) -> CudaView<'_, T> {
+        let n = s.len / std::mem::size_of::<T>();
+        // SAFETY: every span holds a whole number of the element type it is read as, and the
+        // arena is only ever read through the types its ranges were written with.
+        unsafe { self.buf.slice(s.off..s.off + s.len).transmute::<T>(n) }.expect("span within the arena")
+    }
+
+    pub fn bf16(&self, s: Span) -> CudaView<'_, bf16> {
+        self.view(s)
+    }
+
+    pub fn f32(&self, s: Span) -> CudaView<'_, f32> {
+        self.view(s)
+    }
+
+    /// The kernels' view of a matrix.
+    pub fn mat(&self, m: &DevMat) -> MatrixView<'_> {
+        let weights = match m.parts {
+            Parts::Bf16 { data } => Weights::Bf16 { data: self.view(data) },
+            Parts::Q8 { q, scales } => Weights::Q8G32 { q: self.view(q), scales: self.view(scales) },
+            Parts::Q6 { ql, qh, scales } => Weights::Q6G64 { ql: self.view(ql), qh: self.view(qh), scales: self.view(scales) },
+            Parts::Q4 { q, scales } => Weights::Q4G32 { q: self.view(q), scales: self.view(scales) },
+            Parts::Nvfp4 { codes, scales, global, segments } => {
+                Weights::Nvfp4 { codes: self.view(codes), scales: self.view(scales), global: self.view(global), segments }
+            }
+        };
+        MatrixView { weights, experts: m.experts, rows: m.rows, cols: m.cols }
+    }
+}
