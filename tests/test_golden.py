@@ -14,12 +14,12 @@ import importlib
 import importlib.util
 import json
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from runner_util import slot, step
 
 GOLDEN_DIR = Path(__file__).parent / "fixtures" / "golden"
 MODELS = ["tiny-a", "tiny-b", "tiny-c"]
@@ -165,23 +165,6 @@ def test_fixture_converts(artifact_for: Callable[[str, str], tuple[Path, dict[st
     assert all(f"layers.{i}.moe.experts.down" in names for i in range(cfg["num_hidden_layers"]))
     encodings = sorted({t["encoding"] for t in report["tensors"].values()})
     assert encodings == meta["recipes"][recipe].get("encodings", ["bf16"])
-
-
-@contextmanager
-def slot(runner: Any) -> Iterator[Any]:
-    s = runner.alloc_slot()
-    try:
-        yield s
-    finally:
-        runner.free_slot(s)
-
-
-def step(runner: Any, s: Any, ids: list[int], vocab: int, all_logits: bool = False) -> np.ndarray:
-    """Feeds `ids` to the slot; all positions' logits [len(ids), V], or the last position's [V]."""
-    out = np.frombuffer(runner.step(s, list(ids), all_logits=all_logits), dtype=np.float32)
-    if all_logits:
-        return out.reshape(len(ids), vocab)
-    return out.reshape(-1, vocab)[-1]
 
 
 def _check_rows(ours: np.ndarray, ref: np.ndarray, what: str) -> None:

@@ -25,12 +25,12 @@ import importlib
 import json
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from runner_util import slot, step
 
 from test_golden import GDN_CHUNK, GOLDEN_DIR, MODELS, RECIPES, load_golden, rel_err
 
@@ -72,23 +72,6 @@ def check_spread(err: np.ndarray, what: str) -> None:
     print(f"{what}: row errors median {med:.2e}, p90 {p90:.2e}, max {err.max():.2e} over {err.size} rows")
     assert med < TYPICAL_TOL, f"{what}: median row error {med:.2e}"
     assert p90 < SPREAD_TOL, f"{what}: 90th percentile row error {p90:.2e}"
-
-
-@contextmanager
-def slot(runner: Any) -> Iterator[Any]:
-    s = runner.alloc_slot()
-    try:
-        yield s
-    finally:
-        runner.free_slot(s)
-
-
-def step(runner: Any, s: Any, ids: list[int], vocab: int, all_logits: bool = False) -> np.ndarray:
-    """Feeds `ids`; all positions' logits [len(ids), V], or the last position's [V]."""
-    out = np.frombuffer(runner.step(s, list(ids), all_logits=all_logits), dtype=np.float32)
-    if all_logits:
-        return out.reshape(len(ids), vocab)
-    return out.reshape(-1, vocab)[-1]
 
 
 @pytest.fixture(scope="module")
