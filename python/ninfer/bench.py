@@ -26,7 +26,7 @@ import numpy as np
 from ninfer import _core
 from ninfer.engine import Engine, SamplingParams
 
-__all__ = ["BenchResult", "bytes_per_decode_step", "copy_bandwidth", "run_bench"]
+__all__ = ["BenchResult", "KernelTime", "bytes_per_decode_step", "copy_bandwidth", "format_profile", "profile_decode", "run_bench"]
 
 
 @dataclass
@@ -142,7 +142,7 @@ def run_bench(artifact: str, device: str = "auto", reps: int = 3, prefill: tuple
         for n in prefill:
             measure(f"pp{n}", "tok/s", lambda s, n=n: _prefill(engine, n, vocab, s))
         for c in concurrency:
-            label = f"tg{tg_tokens}" + (f" x{c}" if c > 1 else "")
+            label = f"tg{tg_tokens}" + (f" @{tg_prompt}" if tg_prompt != 512 else "") + (f" x{c}" if c > 1 else "")
             measure(label, "tok/s", lambda s, c=c: _decode(engine, c, tg_prompt, tg_tokens, vocab, 1000 * s), bytes_per_decode_step(artifact, c), c)
     finally:
         engine.close()
@@ -155,4 +155,52 @@ def format_result(r: BenchResult) -> str:
     for f in r.figures:
         roof = f"{f.roofline:.3f}" if f.roofline is not None else "-"
         lines.append(f"{f.name:<12} {f.median:>12.1f} {f.low:>12.1f} {f.high:>12.1f}  {roof:>8}   {f.unit}, {f.reps} reps")
+    return "\n".join(lines)
+
+
+@dataclass
+class KernelTime:
+    """One label of a profiled decode step, averaged over the profiled steps."""
+
+    label: str
+    launches: float
+    ms: float
+    bytes: float
+
+    @property
+    def gb_s(self) -> float:
+        return self.bytes / (self.ms * 1e6) if self.ms > 0 else 0.0
+
+
+def profile_decode(artifact: str, device: str = "cuda", prompt: int = 512, steps: int = 8) -> list[KernelTime]:
+    """Where one batch-1 decode step spends its time: after a `prompt`-token random prompt, `steps`
+    greedy steps run eagerly with CUDA events between launches (the backend's `profile_step`);
+    per label, launches, milliseconds and bytes per step, in order of first launch. Eager steps
+    pay host launch gaps that a graph replay does not, so the sum exceeds a graph step's time."""
+    runner = _core.Runner(artifact, device=device, max_slots=1, max_context=prompt + steps + 8)
+    vocab = json.loads(_core.Artifact(artifact).header_json())["components"]["text"]["vocab_size"]
+    slot = runner.alloc_slot()
+    tok = runner.step_argmax(slot, _random_prompt(min(vocab, 150000), prompt, 0))
+    runner.profile_step(slot, [tok])  # warm-up: first launches load modules and fill caches
+    totals: dict[str, list[float]] = {}
+    for _ in range(steps):
+        for label, ms, nbytes in runner.profile_step(slot, [tok]):
+            t = totals.setdefault(label, [0.0, 0.0, 0.0])
+            t[0] += 1
+            t[1] += ms
+            t[2] += nbytes
+        tok = (tok + 1) % vocab
+    runner.free_slot(slot)
+    return [KernelTime(label, n / steps, ms / steps, b / steps) for label, (n, ms, b) in totals.items()]
+
+
+def format_profile(times: list[KernelTime], bandwidth_gb_s: float) -> str:
+    total_ms = sum(t.ms for t in times)
+    total_b = sum(t.bytes for t in times)
+    lines = [f"{'kernel':<20} {'launches':>8} {'us/step':>9} {'share':>6} {'MB/step':>9} {'GB/s':>7} {'of copy bw':>10}"]
+    for t in sorted(times, key=lambda t: -t.ms):
+        frac = f"{t.gb_s / bandwidth_gb_s:.2f}" if t.bytes else "-"
+        gbs = f"{t.gb_s:.0f}" if t.bytes else "-"
+        lines.append(f"{t.label:<20} {t.launches:>8.0f} {t.ms * 1e3:>9.1f} {t.ms / total_ms:>6.1%} {t.bytes / 1e6:>9.2f} {gbs:>7} {frac:>10}")
+    lines.append(f"{'total':<20} {sum(t.launches for t in times):>8.0f} {total_ms * 1e3:>9.1f} {1:>6.0%} {total_b / 1e6:>9.2f} {total_b / (total_ms * 1e6):>7.0f}")
     return "\n".join(lines)

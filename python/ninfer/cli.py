@@ -200,7 +200,7 @@ def _run_chat(args: argparse.Namespace) -> int:
 def _configure_perplexity(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="a UTF-8 text file")
     p.add_argument("--model", "-m", help="a .ninfer artifact (default: the bundled demo model)")
-    p.add_argument("--device", default="cpu", choices=["cpu"], help="backend (cpu)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="backend (default: cpu, the reference)")
     p.add_argument("--context", type=int, default=512, help="window length in tokens")
     p.add_argument("--stride", type=int, help="tokens between window starts (default: the context: no overlap)")
     p.add_argument("--json", action="store_true")
@@ -279,14 +279,26 @@ def _configure_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=_ints, default=(1, 4, 16), help="concurrent sequences for tg")
     p.add_argument("--tg-prompt", type=int, default=512, help="prompt length before decoding")
     p.add_argument("--tg-tokens", type=int, default=128, help="tokens decoded per sequence")
+    p.add_argument("--profile", action="store_true", help="instead: time every kernel of a batch-1 decode step (CUDA)")
     p.add_argument("--json", action="store_true")
 
 
 def _run_bench(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from ninfer.bench import format_result, run_bench
+    from ninfer.bench import copy_bandwidth, format_profile, format_result, profile_decode, run_bench
 
+    if args.profile:
+        device = "cuda" if args.device == "auto" else args.device
+        try:
+            times = profile_decode(args.model, device, args.tg_prompt)
+        except (ValueError, FileNotFoundError) as e:
+            raise CliError(str(e)) from None
+        if args.json:
+            print(json.dumps([asdict(t) | {"gb_s": t.gb_s} for t in times], indent=1))
+        else:
+            print(format_profile(times, copy_bandwidth("cuda") / 1e9))
+        return 0
     try:
         r = run_bench(args.model, args.device, args.reps, args.prefill, args.concurrency, args.tg_prompt, args.tg_tokens)
     except (ValueError, FileNotFoundError) as e:

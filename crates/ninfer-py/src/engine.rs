@@ -250,18 +250,20 @@ impl PyEngine {
 
 /// The backend of a `Runner`: `auto` is CUDA when this build has it and a supported GPU is
 /// present, else the CPU.
-fn open_runner_backend(art: &Artifact, device: Device, max_slots: usize, max_context: usize) -> Result<Box<dyn Backend>, String> {
+fn open_runner_backend(art: &Artifact, device: Device, max_slots: usize, max_context: usize, graphs: bool) -> Result<Box<dyn Backend>, String> {
     #[cfg(feature = "cuda")]
     {
         use ninfer::backend::cuda::{supported_gpu, CudaBackend, CudaOptions};
         if device == Device::Cuda || (device == Device::Auto && supported_gpu().is_some()) {
-            let o = CudaOptions { max_slots, max_context, ..CudaOptions::default() };
+            let o = CudaOptions { max_slots, max_context, graphs, ..CudaOptions::default() };
             return match CudaBackend::open(art, o) {
                 Ok(b) => Ok(Box::new(b)),
                 Err(e) => Err(format!("device `cuda`: {e}")),
             };
         }
     }
+    #[cfg(not(feature = "cuda"))]
+    let _ = graphs;
     #[cfg(not(feature = "cuda"))]
     if device == Device::Cuda {
         return Err("device `cuda` is not available: this build of ninfer has no CUDA support (built without the `cuda` feature)".into());
@@ -297,13 +299,15 @@ struct PyRunner {
 #[pymethods]
 impl PyRunner {
     #[new]
-    #[pyo3(signature = (path, device = "cpu", max_slots = 4, max_context = 8192))]
-    fn new(py: Python<'_>, path: PathBuf, device: &str, max_slots: usize, max_context: usize) -> PyResult<Self> {
+    /// `cuda_graphs`: replay decode steps as CUDA graphs (the engine's way); off, every launch
+    /// is issued from the host.
+    #[pyo3(signature = (path, device = "cpu", max_slots = 4, max_context = 8192, cuda_graphs = true))]
+    fn new(py: Python<'_>, path: PathBuf, device: &str, max_slots: usize, max_context: usize, cuda_graphs: bool) -> PyResult<Self> {
         let device: Device = device.parse().map_err(PyValueError::new_err)?;
         let backend = py
             .detach(|| -> Result<Box<dyn Backend>, String> {
                 let art = Artifact::open(&path).map_err(|e| e.to_string())?;
-                open_runner_backend(&art, device, max_slots, max_context)
+                open_runner_backend(&art, device, max_slots, max_context, cuda_graphs)
             })
             .map_err(PyValueError::new_err)?;
         Ok(PyRunner { backend: Mutex::new(backend) })
@@ -335,11 +339,45 @@ impl PyRunner {
         let out = py
             .detach(|| {
                 let mut b = self.backend.lock().unwrap_or_else(|p| p.into_inner());
-                b.step(&[StepInput { slot: SlotId(slot), tokens: &tokens, all_logits }])
+                b.step(&[StepInput { slot: SlotId(slot), tokens: &tokens, all_logits, argmax: false }])
             })
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let values = &out[0].values;
         Ok(PyBytes::new(py, &values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()))
+    }
+
+    /// Feeds `tokens` like `step`, timing every launch of the step: a list of (label,
+    /// milliseconds, bytes moved) in launch order. Backends that cannot time launches raise.
+    fn profile_step(&self, py: Python<'_>, slot: u32, tokens: Vec<u32>) -> PyResult<Vec<(&'static str, f64, usize)>> {
+        let (_, times) = py
+            .detach(|| {
+                let mut b = self.backend.lock().unwrap_or_else(|p| p.into_inner());
+                b.profile_step(&[StepInput { slot: SlotId(slot), tokens: &tokens, all_logits: false, argmax: true }])
+            })
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(times.into_iter().map(|t| (t.label, t.ms, t.bytes)).collect())
+    }
+
+    /// Feeds `tokens` and returns the argmax of the last position's logits, taken where the
+    /// backend takes it for greedy decoding (on the GPU for CUDA).
+    fn step_argmax(&self, py: Python<'_>, slot: u32, tokens: Vec<u32>) -> PyResult<u32> {
+        let mut out = py
+            .detach(|| {
+                let mut b = self.backend.lock().unwrap_or_else(|p| p.into_inner());
+                b.step(&[StepInput { slot: SlotId(slot), tokens: &tokens, all_logits: false, argmax: true }])
+            })
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let row = out.remove(0);
+        Ok(match row.token {
+            Some(t) => t,
+            None => ninfer::runtime::sampler::argmax(&row.values[row.values.len() - self.vocab()..]),
+        })
+    }
+}
+
+impl PyRunner {
+    fn vocab(&self) -> usize {
+        self.backend.lock().unwrap_or_else(|p| p.into_inner()).config().vocab_size
     }
 }
 

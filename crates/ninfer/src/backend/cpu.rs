@@ -50,7 +50,7 @@ fn model_err(e: ModelError) -> BackendError {
 }
 
 fn row_logits(out: &ForwardOut) -> RowLogits {
-    RowLogits { rows: out.logit_rows, values: out.logits.clone() }
+    RowLogits { rows: out.logit_rows, values: out.logits.clone(), token: None }
 }
 
 impl CpuBackend {
@@ -196,7 +196,7 @@ mod tests {
     }
 
     fn row<'a>(slot: SlotId, tokens: &'a [u32], all_logits: bool) -> StepInput<'a> {
-        StepInput { slot, tokens, all_logits }
+        StepInput { slot, tokens, all_logits, argmax: false }
     }
 
     #[test]

@@ -40,13 +40,18 @@ pub struct StepInput<'a> {
     pub tokens: &'a [u32],
     /// Logits for every position of `tokens` (golden tests, perplexity) instead of the last only.
     pub all_logits: bool,
+    /// The caller needs only the argmax of the last position (greedy decoding without logprobs
+    /// or penalties): a backend may return it as `RowLogits::token` instead of the logits.
+    pub argmax: bool,
 }
 
-/// Logits of one row: `rows` × vocab values, row-major.
+/// Logits of one row: `rows` × vocab values, row-major; or, for an `argmax` row of a backend
+/// that reduces on its device, `token` with no values.
 #[derive(Debug, Clone)]
 pub struct RowLogits {
     pub rows: usize,
     pub values: Vec<f32>,
+    pub token: Option<u32>,
 }
 
 pub trait Backend: Send {
@@ -62,4 +67,19 @@ pub trait Backend: Send {
     /// Runs the model over every row (each row's tokens continue its own sequence) and returns the
     /// logits of each row in order.
     fn step(&mut self, rows: &[StepInput<'_>]) -> Result<Vec<RowLogits>, BackendError>;
+    /// As `step`, also timing each of the step's launches (`ninfer bench --profile`); backends
+    /// that cannot refuse.
+    fn profile_step(&mut self, rows: &[StepInput<'_>]) -> Result<(Vec<RowLogits>, Vec<LaunchTime>), BackendError> {
+        let _ = rows;
+        Err(BackendError::Model(format!("the {} backend cannot time its launches", self.name())))
+    }
+}
+
+/// One timed span of a profiled step: a kernel launch (or a few under one label).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchTime {
+    pub label: &'static str,
+    pub ms: f64,
+    /// Bytes the launch must at least read or write (weights, state, cache); 0 when negligible.
+    pub bytes: usize,
 }

@@ -119,6 +119,7 @@ mod cuda {
             max_slots: opts.max_concurrency,
             max_context: opts.max_context,
             max_step_tokens: opts.prefill_chunk + opts.max_concurrency,
+            graphs: true,
         };
         let b = CudaBackend::open(art, o).map_err(|e| EngineError::Unsupported(format!("device `cuda`: {e}")))?;
         Ok(Box::new(b))

@@ -143,6 +143,24 @@ impl Sampler {
         }
     }
 
+    /// The next token is the plain argmax of the logits: greedy, no penalties, no logprobs. A
+    /// backend may then reduce the logits on its device and hand over the token (`accept`).
+    pub fn argmax_suffices(&self) -> bool {
+        let p = &self.params;
+        p.is_greedy()
+            && p.logprobs.is_none()
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && p.repetition_penalty == 1.0
+    }
+
+    /// Takes a token the backend chose by argmax, for a sampler whose `argmax_suffices`.
+    pub fn accept(&mut self, token: u32) -> (u32, Option<TokenLogprob>) {
+        debug_assert!(self.argmax_suffices());
+        self.observe(token);
+        (token, None)
+    }
+
     /// Picks the next token from one row of logits (modified in place).
     pub fn sample(&mut self, logits: &mut [f32]) -> (u32, Option<TokenLogprob>) {
         self.apply_penalties(logits);

@@ -8,7 +8,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::request::{Event, FinishReason, Request, Usage};
-use super::sampler::Sampler;
+use super::sampler::{Sampler, TokenLogprob};
 use super::stop::{StopMatcher, StopScan};
 use crate::backend::{Backend, SlotId, StepInput};
 use crate::tokenizer::{Detokenizer, Tokenizer};
@@ -173,7 +173,13 @@ fn step(backend: &mut dyn Backend, running: &mut Vec<Sequence>, limits: &Limits)
             rows.push((i, vec![*s.generated.last().expect("a generating sequence has a token")]));
         }
     }
-    let inputs: Vec<StepInput> = rows.iter().map(|(i, t)| StepInput { slot: running[*i].slot, tokens: t, all_logits: false }).collect();
+    let inputs: Vec<StepInput> = rows
+        .iter()
+        .map(|(i, t)| {
+            let s = &running[*i];
+            StepInput { slot: s.slot, tokens: t, all_logits: false, argmax: s.sampler.argmax_suffices() }
+        })
+        .collect();
     let result = backend.step(&inputs);
     let mut finished: Vec<(usize, Option<(FinishReason, Option<String>)>)> = Vec::new();
     let mut produced = 0;
@@ -186,16 +192,21 @@ fn step(backend: &mut dyn Backend, running: &mut Vec<Sequence>, limits: &Limits)
             }
         }
         Ok(logits) => {
-            for ((i, toks), out) in rows.iter().zip(logits) {
+            for ((i, toks), mut out) in rows.iter().zip(logits) {
                 let s = &mut running[*i];
                 s.fed = (s.fed + toks.len()).min(s.req.prompt.len());
                 if s.fed < s.req.prompt.len() {
                     continue;
                 }
-                let vocab = out.values.len() / out.rows.max(1);
-                let mut last = out.values[(out.rows - 1) * vocab..].to_vec();
+                let picked = match out.token {
+                    Some(tok) => s.sampler.accept(tok),
+                    None => {
+                        let vocab = out.values.len() / out.rows.max(1);
+                        s.sampler.sample(&mut out.values[(out.rows - 1) * vocab..])
+                    }
+                };
                 produced += 1;
-                if let Some(f) = emit(s, &mut last, limits) {
+                if let Some(f) = emit(s, picked, limits) {
                     finished.push((*i, Some(f)));
                 }
             }
@@ -213,9 +224,9 @@ fn step(backend: &mut dyn Backend, running: &mut Vec<Sequence>, limits: &Limits)
     (produced, done)
 }
 
-/// Samples one token for `s` and sends its text; returns the finish reason if it ended.
-fn emit(s: &mut Sequence, logits: &mut [f32], limits: &Limits) -> Option<(FinishReason, Option<String>)> {
-    let (tok, lp) = s.sampler.sample(logits);
+/// Appends the token picked for `s` and sends its text; returns the finish reason if it ended.
+fn emit(s: &mut Sequence, picked: (u32, Option<TokenLogprob>), limits: &Limits) -> Option<(FinishReason, Option<String>)> {
+    let (tok, lp) = picked;
     s.generated.push(tok);
     let p = s.sampler.params();
     if (!p.ignore_eos && limits.eos.contains(&tok)) || p.stop_token_ids.contains(&tok) {

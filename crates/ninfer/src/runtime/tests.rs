@@ -25,7 +25,7 @@ fn reference_greedy(path: &std::path::Path, prompt: &[u32], n: usize) -> Vec<u32
     let mut out = Vec::new();
     let mut feed = prompt.to_vec();
     for _ in 0..n {
-        let l = b.step(&[StepInput { slot, tokens: &feed, all_logits: false }]).unwrap().remove(0);
+        let l = b.step(&[StepInput { slot, tokens: &feed, all_logits: false, argmax: false }]).unwrap().remove(0);
         let t = argmax(&l.values);
         out.push(t);
         feed = vec![t];

@@ -8,12 +8,13 @@
 //! sequence's tokens in order inside one launch. Decode rows of several sequences share every
 //! launch.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use ninfer_kernels::{
-    AttentionBatch, GdnDims, GemvOut, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
+    AttentionBatch, GdnDims, GemvOut, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
     GEMV_MAX_BATCH,
 };
 
@@ -21,7 +22,8 @@ use crate::model::ModelConfig;
 
 use super::memory::{Dims, States, Workspace, LOGIT_ROWS, PAGE};
 use super::plan::PassMeta;
-use super::weights::{Arena, AttnW, DevMat, GdnW, MixerW, ModelW, MoeW};
+use super::profile::Profiler;
+use super::weights::{Arena, AttnW, DevMat, GdnW, MixerW, ModelW, MoeW, SharedW};
 use super::{drv, kern, BackendError};
 
 /// Everything a pass reads and never writes.
@@ -32,6 +34,17 @@ pub(super) struct Ctx<'a> {
     pub dims: &'a Dims,
     pub model: &'a ModelW,
     pub arena: &'a Arena,
+    /// Set when the pass is profiled (eager passes only: a graph capture records no events).
+    pub prof: Option<&'a RefCell<Profiler>>,
+}
+
+impl Ctx<'_> {
+    /// Closes a profiled span: the launches since the previous mark, which move `bytes`.
+    fn mark(&self, label: &'static str, bytes: usize) {
+        if let Some(p) = self.prof {
+            p.borrow_mut().mark(label, bytes);
+        }
+    }
 }
 
 /// The pass's tables as device views (offsets of plan.rs's `MetaLayout`).
@@ -46,9 +59,10 @@ struct Tables<'a> {
     block_table: CudaView<'a, i32>,
 }
 
-/// y[r] = x[r]·Wᵀ for `rows` rows, at most 16 per launch.
+/// y[r] = x[r]·Wᵀ for `rows` rows, at most 16 per launch; profiled as `label`.
 fn linear<O: GemvOut>(
     cx: &Ctx,
+    label: &'static str,
     w: &DevMat,
     x: CudaView<'_, bf16>,
     rows: usize,
@@ -65,24 +79,66 @@ fn linear<O: GemvOut>(
         cx.ks.gemv(cx.s, &m, &xs, b, ldx, &mut ys, ldy).map_err(kern)?;
         r0 += b;
     }
+    cx.mark(label, w.bytes() * rows.div_ceil(GEMV_MAX_BATCH));
     Ok(())
 }
 
-/// Runs one pass; `out` receives `meta.logit_rows.len()` rows of vocabulary-sized f32 logits.
-/// `tables` is the device buffer the pass's packed tables are uploaded into.
+/// What a pass hands back for its logit rows.
+pub(super) enum Fetch<'o> {
+    /// Vocabulary-sized f32 logits, row after row.
+    Logits(&'o mut [f32]),
+    /// The argmax of each row, computed on the GPU (greedy rows need nothing else).
+    Argmax(&'o mut [i32]),
+}
+
+/// Uploads the pass's packed tables (plan.rs) into the device buffer every launch reads them from.
+pub(super) fn upload_tables(cx: &Ctx, tables: &mut CudaSlice<i32>, meta: &PassMeta) -> Result<(), BackendError> {
+    cx.s.memcpy_htod(&meta.data, &mut tables.slice_mut(..meta.data.len())).map_err(drv("uploading the step tables"))
+}
+
+/// Runs one pass eagerly: tables up, every launch, then the head over the logit rows,
+/// LOGIT_ROWS at a time, and their logits or argmaxes back to the host.
 pub(super) fn run_pass(
     cx: &Ctx,
     st: &mut States,
     ws: &mut Workspace,
     tables: &mut CudaSlice<i32>,
     meta: &PassMeta,
-    out: &mut [f32],
+    mut out: Fetch,
 ) -> Result<(), BackendError> {
+    upload_tables(cx, tables, meta)?;
+    body(cx, st, ws, tables, meta)?;
+    let n = meta.logit_rows.len();
+    let mut c0 = 0;
+    while c0 < n {
+        let rc = (n - c0).min(LOGIT_ROWS);
+        head(cx, ws, tables, c0, rc)?;
+        fetch(cx, ws, &mut out, c0, rc)?;
+        c0 += rc;
+    }
+    cx.s.synchronize().map_err(drv("running the step"))
+}
+
+/// Copies (or reduces on the GPU, then copies) the logits of head rows `c0..c0 + rc`, which the
+/// last `head` call left in `ws.logits`, into `out`.
+pub(super) fn fetch(cx: &Ctx, ws: &mut Workspace, out: &mut Fetch, c0: usize, rc: usize) -> Result<(), BackendError> {
+    let v = cx.dims.v;
+    match out {
+        Fetch::Logits(o) => cx.s.memcpy_dtoh(&ws.logits.slice(..rc * v), &mut o[c0 * v..(c0 + rc) * v]).map_err(drv("copying logits back")),
+        Fetch::Argmax(o) => {
+            let mut ids = ws.argmax.slice_mut(..rc);
+            cx.ks.argmax(cx.s, &ws.logits, rc, v, v, &mut ids, &mut ws.sample_ws).map_err(kern)?;
+            cx.s.memcpy_dtoh(&ws.argmax.slice(..rc), &mut o[c0..c0 + rc]).map_err(drv("copying tokens back"))
+        }
+    }
+}
+
+/// Every launch of a pass up to the final norm: stream-ordered work only, with no host
+/// synchronisation or copy, so that a decode pass can be captured as a CUDA graph.
+pub(super) fn body(cx: &Ctx, st: &mut States, ws: &mut Workspace, tables: &CudaSlice<i32>, meta: &PassMeta) -> Result<(), BackendError> {
     let d = cx.dims;
-    let (t, h, v) = (meta.tokens, d.h, d.v);
+    let (t, h) = (meta.tokens, d.h);
     let eps = cx.cfg.rms_norm_eps;
-    cx.s.memcpy_htod(&meta.data, &mut tables.slice_mut(..meta.data.len())).map_err(drv("uploading the step tables"))?;
-    let tables = &*tables;
     let ml = d.meta();
     let seqs = meta.seqs;
     let view = |off: usize, n: usize| tables.slice(off..off + n);
@@ -100,10 +156,12 @@ pub(super) fn run_pass(
 
     // h₀ = Embed[token].
     cx.ks.embed(cx.s, &cx.arena.mat(&cx.model.embed), &tb.ids, t, &mut ws.h, h).map_err(kern)?;
+    cx.mark("embed", 0);
     let (mut gi, mut ai) = (0, 0);
     for lw in &cx.model.layers {
         // a = RMSNorm_in(h); delta = Mixer(a); h += delta; a = RMSNorm_post(h); h += MoE(a).
         cx.ks.rms_norm(cx.s, &ws.h, rows, &cx.arena.bf16(lw.attn_norm), &mut ws.a, rows, eps).map_err(kern)?;
+        cx.mark("rms_norm", 0);
         match &lw.mixer {
             MixerW::Gdn(g) => {
                 gdn(cx, g, st, ws, &tb, meta, gi)?;
@@ -116,24 +174,26 @@ pub(super) fn run_pass(
         }
         let moe_norm = cx.arena.bf16(lw.moe_norm);
         cx.ks.add_rms_norm(cx.s, &mut ws.h, &ws.delta, rows, &moe_norm, &mut ws.a, rows, eps).map_err(kern)?;
+        cx.mark("add_rms_norm", 0);
         moe(cx, &lw.moe, ws, &tb, t)?;
     }
-
-    // Final norm, then the head over the rows that want logits, LOGIT_ROWS at a time: the rows
-    // are gathered with the embedding kernel, reading the normed activations as a bf16 table.
+    // Final norm; the head reads its rows from `ws.a`.
     cx.ks.rms_norm(cx.s, &ws.h, rows, &cx.arena.bf16(cx.model.final_norm), &mut ws.a, rows, eps).map_err(kern)?;
-    let n = meta.logit_rows.len();
+    cx.mark("rms_norm", 0);
+    Ok(())
+}
+
+/// The head over logit rows `c0..c0 + rc` into `ws.logits`: the rows are gathered with the
+/// embedding kernel, reading the final-normed activations as a bf16 table.
+pub(super) fn head(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, c0: usize, rc: usize) -> Result<(), BackendError> {
+    let (h, v) = (cx.dims.h, cx.dims.v);
+    let ml = cx.dims.meta();
+    let t = ws.a.len() / h;
     let table = MatrixView { weights: Weights::Bf16 { data: ws.a.slice(..t * h) }, experts: 1, rows: t, cols: h };
-    let mut c0 = 0;
-    while c0 < n {
-        let rc = (n - c0).min(LOGIT_ROWS);
-        let picks = tables.slice(ml.gather() + c0..ml.gather() + c0 + rc);
-        cx.ks.embed(cx.s, &table, &picks, rc, &mut ws.sel, h).map_err(kern)?;
-        linear::<f32>(cx, &cx.model.head, ws.sel.as_view(), rc, h, ws.logits.as_view_mut(), v)?;
-        cx.s.memcpy_dtoh(&ws.logits.slice(..rc * v), &mut out[c0 * v..(c0 + rc) * v]).map_err(drv("copying logits back"))?;
-        c0 += rc;
-    }
-    cx.s.synchronize().map_err(drv("running the step"))
+    let picks = tables.slice(ml.gather() + c0..ml.gather() + c0 + rc);
+    cx.ks.embed(cx.s, &table, &picks, rc, &mut ws.sel, h).map_err(kern)?;
+    cx.mark("head_gather", 0);
+    linear::<f32>(cx, "head", &cx.model.head, ws.sel.as_view(), rc, h, ws.logits.as_view_mut(), v)
 }
 
 /// Gated DeltaNet mixer (model-spec.md §2.4) into `ws.delta`.
@@ -141,14 +201,15 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, met
     let d = cx.dims;
     let (t, h, cd, vd, hv) = (meta.tokens, d.h, d.cd, d.vd, d.hv);
     // Step 1: projections; b and a side by side in one [T, 2·Hv] buffer.
-    linear(cx, &g.qkv, ws.a.as_view(), t, h, ws.proj.as_view_mut(), cd)?;
-    linear(cx, &g.z, ws.a.as_view(), t, h, ws.z.as_view_mut(), vd)?;
-    linear(cx, &g.b, ws.a.as_view(), t, h, ws.ba.as_view_mut(), 2 * hv)?;
-    linear(cx, &g.a, ws.a.as_view(), t, h, ws.ba.slice_mut(hv..), 2 * hv)?;
+    linear(cx, "gdn.qkv", &g.qkv, ws.a.as_view(), t, h, ws.proj.as_view_mut(), cd)?;
+    linear(cx, "gdn.z", &g.z, ws.a.as_view(), t, h, ws.z.as_view_mut(), vd)?;
+    linear(cx, "gdn.b", &g.b, ws.a.as_view(), t, h, ws.ba.as_view_mut(), 2 * hv)?;
+    linear(cx, "gdn.a", &g.a, ws.a.as_view(), t, h, ws.ba.slice_mut(hv..), 2 * hv)?;
     let batch = SeqSlots { seqs: meta.seqs, tokens: t, cu: tb.cu.slice(..), slots: tb.slots.slice(..) };
     // Step 2: causal conv + SiLU, continuing each slot's conv state.
     let conv_w = cx.arena.bf16(g.conv);
     cx.ks.gdn_conv(cx.s, &ws.proj, cd, &conv_w, cd, &mut st.conv[gi], d.slots, &batch, &mut ws.conv, cd).map_err(kern)?;
+    cx.mark("gdn_conv", meta.seqs * 2 * (GDN_CONV_WIDTH - 1) * cd * 2);
     // Steps 3-7: gates, q/k norms and the recurrence per token.
     let dims = GdnDims { hk: cx.cfg.linear_num_key_heads, hv, dk: d.dk, dv: d.dv };
     let (a_log, dt_bias) = (cx.arena.f32(g.a_log), cx.arena.f32(g.dt_bias));
@@ -156,10 +217,13 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, met
     cx.ks
         .gdn_recurrent(cx.s, &ws.conv, cd, &ws.ba, &alpha, 2 * hv, &a_log, &dt_bias, &mut st.rec[gi], d.slots, &batch, dims, &mut ws.mix)
         .map_err(kern)?;
+    // The f32 state of each sequence is read and written once per launch.
+    cx.mark("gdn_recurrent", meta.seqs * 2 * hv * d.dk * d.dv * 4);
     // Step 8: gated RMSNorm per value head with z, then the output projection.
     let norm_w = cx.arena.bf16(g.norm);
     cx.ks.gated_rms_norm(cx.s, &ws.mix, &ws.z, &norm_w, &mut ws.proj, t * hv, d.dv, cx.cfg.rms_norm_eps).map_err(kern)?;
-    linear(cx, &g.out, ws.proj.as_view(), t, vd, ws.delta.as_view_mut(), h)
+    cx.mark("gated_rms_norm", 0);
+    linear(cx, "gdn.out", &g.out, ws.proj.as_view(), t, vd, ws.delta.as_view_mut(), h)
 }
 
 /// Gated full attention (model-spec.md §2.3) into `ws.delta`.
@@ -167,9 +231,9 @@ fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tab
     let d = cx.dims;
     let (t, h, hq, hkv, dd) = (meta.tokens, d.h, d.hq, d.hkv, d.d);
     // Steps 1-2: q_proj gives per head D query values then D gate values.
-    linear(cx, &at.q, ws.a.as_view(), t, h, ws.proj.as_view_mut(), 2 * hq * dd)?;
-    linear(cx, &at.k, ws.a.as_view(), t, h, ws.k.as_view_mut(), hkv * dd)?;
-    linear(cx, &at.v, ws.a.as_view(), t, h, ws.v.as_view_mut(), hkv * dd)?;
+    linear(cx, "attn.q", &at.q, ws.a.as_view(), t, h, ws.proj.as_view_mut(), 2 * hq * dd)?;
+    linear(cx, "attn.k", &at.k, ws.a.as_view(), t, h, ws.k.as_view_mut(), hkv * dd)?;
+    linear(cx, "attn.v", &at.v, ws.a.as_view(), t, h, ws.v.as_view_mut(), hkv * dd)?;
     let ql = HeadLayout { heads: hq, ld: 2 * hq * dd, head_stride: 2 * dd };
     let kl = HeadLayout { heads: hkv, ld: hkv * dd, head_stride: dd };
     // Steps 3-4: q/k norms and partial RoPE at each token's position.
@@ -178,8 +242,10 @@ fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tab
     cx.ks
         .qk_norm_rope(cx.s, &mut ws.proj, ql, &mut ws.k, kl, t, dd, cx.cfg.rotary_dim, Some(&qn), Some(&kn), &tb.pos, theta, cx.cfg.rms_norm_eps)
         .map_err(kern)?;
+    cx.mark("qk_norm_rope", 0);
     let (kc, vc) = &mut st.kv[ai];
     cx.ks.kv_write(cx.s, &ws.k, kl, &ws.v, kl, t, dd, &tb.kv_rows, kc, vc, d.cache_rows()).map_err(kern)?;
+    cx.mark("kv_write", 0);
     // Steps 5-6: causal GQA attention over each slot's pages, times sigmoid(gate).
     let kv = PagedKv { k: kc.slice(..), v: vc.slice(..), page_size: PAGE, kv_heads: hkv, dim: dd };
     let batch = AttentionBatch {
@@ -194,9 +260,16 @@ fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tab
     };
     let gate = ws.proj.slice(dd..);
     let scale = 1.0 / (dd as f32).sqrt();
-    cx.ks.attention(cx.s, &ws.proj, ql, Some(&gate), &kv, &batch, scale, &mut ws.mix).map_err(kern)?;
+    if meta.max_q == 1 {
+        // Decode: few query rows, long caches; the cache is cut into ranges over more blocks.
+        cx.ks.attention_split_kv(cx.s, &ws.proj, ql, Some(&gate), &kv, &batch, scale, &mut ws.mix, &mut ws.attn_part).map_err(kern)?;
+    } else {
+        cx.ks.attention(cx.s, &ws.proj, ql, Some(&gate), &kv, &batch, scale, &mut ws.mix).map_err(kern)?;
+    }
+    // Every sequence reads its K and V rows (the longest bounds the others).
+    cx.mark("attention", meta.seqs * meta.max_kv * 2 * hkv * dd * 2);
     // Step 7: output projection.
-    linear(cx, &at.o, ws.mix.as_view(), t, hq * dd, ws.delta.as_view_mut(), h)
+    linear(cx, "attn.o", &at.o, ws.mix.as_view(), t, hq * dd, ws.delta.as_view_mut(), h)
 }
 
 /// Sparse MoE block (model-spec.md §2.5), added into the residual `ws.h` in bf16.
@@ -204,28 +277,40 @@ fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize) -> Result
     let d = cx.dims;
     let (h, e, k) = (d.h, d.e, d.topk);
     // Router logits, and the shared expert's gate logit in column E of the same rows.
-    linear(cx, &mw.router, ws.a.as_view(), t, h, ws.router.as_view_mut(), e + 1)?;
+    linear(cx, "moe.router", &mw.router, ws.a.as_view(), t, h, ws.router.as_view_mut(), e + 1)?;
     if let Some(sh) = &mw.shared {
-        linear(cx, &sh.gate, ws.a.as_view(), t, h, ws.router.slice_mut(e..), e + 1)?;
+        linear(cx, "moe.shared_gate", &sh.gate, ws.a.as_view(), t, h, ws.router.slice_mut(e..), e + 1)?;
     }
     cx.ks.moe_route(cx.s, &ws.router, e + 1, t, e, k, mw.shared.is_some(), &mut ws.ids, &mut ws.route_w).map_err(kern)?;
+    cx.mark("moe.route", 0);
+    // Of each bank, the experts the tokens chose (at most all of them); the shared expert once.
+    let touched = |bank: &DevMat| bank.bytes() / e * (t * k).min(e);
+    let shared = |f: fn(&SharedW) -> &DevMat| mw.shared.as_ref().map_or(0, |sh| f(sh).bytes());
     let (gu, dn) = (cx.arena.mat(&mw.gate_up), cx.arena.mat(&mw.down));
     match &mw.shared {
         Some(sh) if mw.fused => {
             let (sgu, sdn) = (cx.arena.mat(&sh.gate_up), cx.arena.mat(&sh.down));
             cx.ks.moe_gate_up(cx.s, &gu, Some(&sgu), &ws.a, h, t, k, &ws.ids, &mut ws.gu).map_err(kern)?;
-            cx.ks.moe_down(cx.s, &dn, Some(&sdn), &ws.gu, t, k, &ws.ids, &ws.route_w, &mut ws.h, h, true).map_err(kern)
+            cx.mark("moe.gate_up", touched(&mw.gate_up) + shared(|sh| &sh.gate_up));
+            cx.ks.moe_down(cx.s, &dn, Some(&sdn), &ws.gu, t, k, &ws.ids, &ws.route_w, &mut ws.h, h, true).map_err(kern)?;
+            cx.mark("moe.down", touched(&mw.down) + shared(|sh| &sh.down));
+            Ok(())
         }
         shared => {
             cx.ks.moe_gate_up(cx.s, &gu, None, &ws.a, h, t, k, &ws.ids, &mut ws.gu).map_err(kern)?;
+            cx.mark("moe.gate_up", touched(&mw.gate_up));
             cx.ks.moe_down(cx.s, &dn, None, &ws.gu, t, k, &ws.ids, &ws.route_w, &mut ws.h, h, true).map_err(kern)?;
+            cx.mark("moe.down", touched(&mw.down));
             let Some(sh) = shared else { return Ok(()) };
             // A shared expert of another encoding or width runs as a one-expert bank with id 0
             // for every token, weighted by its sigmoid gate (stored after the routed weights).
             let (sgu, sdn) = (cx.arena.mat(&sh.gate_up), cx.arena.mat(&sh.down));
             let gate_w = ws.route_w.slice(t * k..);
             cx.ks.moe_gate_up(cx.s, &sgu, None, &ws.a, h, t, 1, &tb.zeros, &mut ws.gu).map_err(kern)?;
-            cx.ks.moe_down(cx.s, &sdn, None, &ws.gu, t, 1, &tb.zeros, &gate_w, &mut ws.h, h, true).map_err(kern)
+            cx.mark("moe.shared_gate_up", sh.gate_up.bytes());
+            cx.ks.moe_down(cx.s, &sdn, None, &ws.gu, t, 1, &tb.zeros, &gate_w, &mut ws.h, h, true).map_err(kern)?;
+            cx.mark("moe.shared_down", sh.down.bytes());
+            Ok(())
         }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use ninfer_kernels::GDN_CONV_WIDTH;
+use ninfer_kernels::{attention_workspace_len, ATTN_MAX_SPLITS, GDN_CONV_WIDTH};
 
 use crate::model::{LayerKind, ModelConfig};
 
@@ -41,10 +41,12 @@ pub(super) struct Dims {
     pub inter: usize,
     pub linear_layers: usize,
     pub attn_layers: usize,
+    /// u32 scratch words of the GPU argmax over LOGIT_ROWS rows (the kernel set's figure).
+    pub sample_words: usize,
 }
 
 impl Dims {
-    pub fn new(c: &ModelConfig, slots: usize, max_context: usize, t_cap: usize) -> Dims {
+    pub fn new(c: &ModelConfig, slots: usize, max_context: usize, t_cap: usize, sample_words: usize) -> Dims {
         Dims {
             slots,
             t_cap,
@@ -64,6 +66,7 @@ impl Dims {
             inter: c.moe_intermediate_size.max(c.shared_expert_intermediate_size),
             linear_layers: c.layer_types.iter().filter(|k| **k == LayerKind::LinearAttention).count(),
             attn_layers: c.layer_types.iter().filter(|k| **k == LayerKind::FullAttention).count(),
+            sample_words,
         }
     }
 
@@ -116,6 +119,14 @@ impl Dims {
         self.t_cap * (self.topk + 1)
     }
 
+    /// f32 partials of split-KV decode attention: one query row per slot, every split.
+    fn attn_part_elems(&self) -> usize {
+        if self.attn_layers == 0 {
+            return 1;
+        }
+        attention_workspace_len(self.slots.min(self.t_cap), self.hq, self.d, ATTN_MAX_SPLITS)
+    }
+
     /// Bytes of the activation workspace.
     pub fn workspace_bytes(&self) -> usize {
         let bf = 3 * self.t_cap * self.h
@@ -128,8 +139,8 @@ impl Dims {
             + self.t_cap * (self.e + 1)
             + self.moe_slots() * self.inter
             + LOGIT_ROWS * self.h;
-        let f = self.moe_slots() + LOGIT_ROWS * self.v;
-        let i = self.t_cap * self.topk + self.meta().len();
+        let f = self.moe_slots() + LOGIT_ROWS * self.v + self.attn_part_elems();
+        let i = self.t_cap * self.topk + self.meta().len() + LOGIT_ROWS + self.sample_words;
         bf * 2 + f * 4 + i * 4
     }
 }
@@ -201,6 +212,11 @@ pub(super) struct Workspace {
     /// Final-normed rows that get logits, `[LOGIT_ROWS, H]`.
     pub sel: CudaSlice<bf16>,
     pub logits: CudaSlice<f32>,
+    /// Split-KV attention partials.
+    pub attn_part: CudaSlice<f32>,
+    /// Argmax of each logit row, and the argmax kernel's scratch.
+    pub argmax: CudaSlice<i32>,
+    pub sample_ws: CudaSlice<u32>,
 }
 
 impl Workspace {
@@ -224,6 +240,9 @@ impl Workspace {
             gu: zeros(s, d.moe_slots() * d.inter, w)?,
             sel: zeros(s, LOGIT_ROWS * d.h, w)?,
             logits: zeros(s, LOGIT_ROWS * d.v, w)?,
+            attn_part: zeros(s, d.attn_part_elems(), w)?,
+            argmax: zeros(s, LOGIT_ROWS, w)?,
+            sample_ws: zeros(s, d.sample_words, w)?,
         })
     }
 }

@@ -5,22 +5,31 @@
 //! recurrent state slots, the activation workspace of the largest pass), checks the plan against
 //! the free memory and allocates it; nothing is allocated per token. A step may mix decode rows
 //! and prompt chunks; rows are cut into passes of at most `max_step_tokens` tokens (plan.rs) and
-//! each pass runs the whole model (forward.rs). Logits come back to the host as f32, where the
-//! runtime samples them.
+//! each pass runs the whole model (forward.rs). A pass of decode rows only (one new token per
+//! sequence) is captured once as a CUDA graph per sequence count and KV-length bucket and
+//! replayed: one launch from the host instead of hundreds. Logits come back to the host as f32,
+//! where the runtime samples them, or, for rows that decode greedily, their argmax is taken on
+//! the GPU and only the token comes back.
 //!
 //! - `plan`: host-side pass planning and the packed per-pass tables.
 //! - `weights`: the weight arena, uploaded once from the mapped artifact.
 //! - `memory`: sizes and allocation of state and workspace.
 //! - `forward`: the kernel launches of one pass.
+//! - `profile`: per-launch timing of an eager step from CUDA events.
 
 mod forward;
 mod memory;
 mod plan;
+mod profile;
 mod weights;
+
 
 use std::sync::Arc;
 
-use ninfer_kernels::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError};
+use std::collections::HashMap;
+
+use ninfer_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use ninfer_kernels::cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DriverError};
 use ninfer_kernels::{
     ImageKind, KernelError, KernelSet, ATTN_MAX_DIM, GDN_CONV_WIDTH, GDN_MAX_DK, ROPE_MAX_DIM, ROUTE_MAX_EXPERTS,
 };
@@ -28,10 +37,10 @@ use ninfer_kernels::{
 use crate::artifact::Artifact;
 use crate::model::ModelConfig;
 
-use super::{Backend, BackendError, RowLogits, SlotId, StepInput};
-use forward::{run_pass, Ctx};
-use memory::{alloc_tables, Dims, States, Workspace};
-use plan::{pass_meta, split_passes, RowSpec};
+use super::{Backend, BackendError, LaunchTime, RowLogits, SlotId, StepInput};
+use forward::{body, fetch, head, run_pass, upload_tables, Ctx, Fetch};
+use memory::{alloc_tables, Dims, States, Workspace, LOGIT_ROWS, PAGE};
+use plan::{kv_bucket, pass_meta, split_passes, RowSpec, Want};
 use weights::{Arena, ModelW};
 
 #[derive(Debug, Clone, Copy)]
@@ -45,11 +54,14 @@ pub struct CudaOptions {
     /// Tokens of one forward pass (the activation workspace is sized for it); longer steps run
     /// as several passes.
     pub max_step_tokens: usize,
+    /// Replay decode passes as CUDA graphs; off, every launch of every pass is issued from the
+    /// host (slower; for comparison and debugging).
+    pub graphs: bool,
 }
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        CudaOptions { device: 0, max_slots: 4, max_context: 4096, max_step_tokens: 512 }
+        CudaOptions { device: 0, max_slots: 4, max_context: 4096, max_step_tokens: 512, graphs: true }
     }
 }
 
@@ -71,7 +83,12 @@ fn context(ordinal: usize) -> Result<Arc<CudaContext>, BackendError> {
     if n <= 0 || ordinal >= n as usize {
         return Err(BackendError::Model(format!("no CUDA device {ordinal} ({n} found)")));
     }
-    CudaContext::new(ordinal).map_err(drv("creating the CUDA context"))
+    let ctx = CudaContext::new(ordinal).map_err(drv("creating the CUDA context"))?;
+    // SAFETY: each user of the context orders all its work on one stream of its own, so the
+    // per-buffer events that order work across streams are not needed; they would also be
+    // recorded into the graphs a decode pass is captured as.
+    unsafe { ctx.disable_event_tracking() };
+    Ok(ctx)
 }
 
 /// The name of device 0 when it is a GPU this build has kernels for; None otherwise (no
@@ -140,7 +157,17 @@ pub struct CudaBackend {
     /// Tokens in each slot's sequence; None for a free slot.
     lens: Vec<Option<usize>>,
     max_context: usize,
+    graphs_on: bool,
+    /// Captured decode passes by (sequence count, KV bucket).
+    graphs: HashMap<(usize, usize), Graph>,
 }
+
+/// A captured decode pass, owned by its backend.
+struct Graph(CudaGraph);
+
+// SAFETY: a graph is used only through `&mut CudaBackend`, by one thread at a time, which is
+// all CUDA asks of graph objects (they may move between threads, not be used concurrently).
+unsafe impl Send for Graph {}
 
 impl CudaBackend {
     pub fn open(art: &Artifact, opts: CudaOptions) -> Result<Self, BackendError> {
@@ -157,7 +184,8 @@ impl CudaBackend {
         })?;
         let name = format!("cuda:{} {}", opts.device, ks.device_name());
         let max_context = opts.max_context.min(config.max_position_embeddings);
-        let dims = Dims::new(&config, opts.max_slots, max_context, opts.max_step_tokens);
+        let sample_words = ks.sample_workspace_len(LOGIT_ROWS).map_err(kern)?;
+        let dims = Dims::new(&config, opts.max_slots, max_context, opts.max_step_tokens, sample_words);
         let plan = weights::plan(art, &config)?;
         let (w, s, a) = (plan.bytes(), dims.state_bytes(), dims.workspace_bytes());
         let (free, total) = ctx.mem_get_info().map_err(drv("reading free GPU memory"))?;
@@ -175,7 +203,8 @@ impl CudaBackend {
                 gb(total)
             )));
         }
-        let stream = ctx.default_stream();
+        // A stream of our own: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream().map_err(drv("creating a CUDA stream"))?;
         let arena = Arena::upload(&stream, &plan, &name)?;
         let states = States::alloc(&stream, &dims)?;
         let ws = Workspace::alloc(&stream, &dims)?;
@@ -194,6 +223,8 @@ impl CudaBackend {
             tables,
             lens: vec![None; opts.max_slots],
             max_context,
+            graphs_on: opts.graphs,
+            graphs: HashMap::new(),
         })
     }
 
@@ -253,9 +284,22 @@ impl Backend for CudaBackend {
     }
 
     fn step(&mut self, rows: &[StepInput<'_>]) -> Result<Vec<RowLogits>, BackendError> {
+        self.run_step(rows, None)
+    }
+
+    /// Runs the step eagerly (no graph) with CUDA events between its launches.
+    fn profile_step(&mut self, rows: &[StepInput<'_>]) -> Result<(Vec<RowLogits>, Vec<LaunchTime>), BackendError> {
+        let prof = profile::Profiler::start(&self.stream)?;
+        let out = self.run_step(rows, Some(&prof))?;
+        Ok((out, prof.into_inner().finish()?))
+    }
+}
+
+impl CudaBackend {
+    fn run_step(&mut self, rows: &[StepInput<'_>], prof: Option<&std::cell::RefCell<profile::Profiler>>) -> Result<Vec<RowLogits>, BackendError> {
         let specs = self.validate(rows)?;
         let v = self.config.vocab_size;
-        let mut outs: Vec<RowLogits> = rows.iter().map(|_| RowLogits { rows: 0, values: Vec::new() }).collect();
+        let mut outs: Vec<RowLogits> = rows.iter().map(|_| RowLogits { rows: 0, values: Vec::new(), token: None }).collect();
         let cx = Ctx {
             ks: &self.ks,
             s: &self.stream,
@@ -263,15 +307,50 @@ impl Backend for CudaBackend {
             dims: &self.dims,
             model: &self.model,
             arena: &self.arena,
+            prof,
         };
         let layout = self.dims.meta();
+        let kv_cap = self.dims.pages * PAGE;
         for pass in split_passes(&specs, self.dims.t_cap) {
-            let meta = pass_meta(&layout, memory::PAGE, &pass, |s| &rows[s.row].tokens[s.tok0..s.tok0 + s.n]);
-            let mut logits = vec![0f32; meta.logit_rows.len() * v];
-            run_pass(&cx, &mut self.states, &mut self.ws, &mut self.tables, &meta, &mut logits)?;
+            // The argmax on the GPU when every row with logits in this pass wants only that.
+            let argmax = pass.segs.iter().all(|s| match s.want {
+                Want::None => true,
+                Want::Last => rows[s.row].argmax,
+                Want::All => false,
+            });
+            let graph = self.graphs_on && prof.is_none() && pass.is_decode() && pass.segs.len() <= LOGIT_ROWS;
+            let max_kv = pass.segs.iter().map(|s| s.pos0 + s.n).max().unwrap_or(0);
+            let pad = graph.then(|| kv_bucket(max_kv, kv_cap));
+            let meta = pass_meta(&layout, PAGE, &pass, pad, |s| &rows[s.row].tokens[s.tok0..s.tok0 + s.n]);
+            let n = meta.logit_rows.len();
+            let (mut logits, mut tokens) = (Vec::new(), Vec::new());
+            let mut out = if argmax {
+                tokens = vec![0i32; n];
+                Fetch::Argmax(&mut tokens)
+            } else {
+                logits = vec![0f32; n * v];
+                Fetch::Logits(&mut logits)
+            };
+            if let Some(bucket) = pad {
+                upload_tables(&cx, &mut self.tables, &meta)?;
+                let key = (meta.seqs, bucket);
+                if !self.graphs.contains_key(&key) {
+                    let g = capture(&cx, &mut self.states, &mut self.ws, &self.tables, &meta)?;
+                    self.graphs.insert(key, Graph(g));
+                }
+                self.graphs[&key].0.launch().map_err(drv("launching a decode graph"))?;
+                fetch(&cx, &mut self.ws, &mut out, 0, n)?;
+                self.stream.synchronize().map_err(drv("running the step"))?;
+            } else {
+                run_pass(&cx, &mut self.states, &mut self.ws, &mut self.tables, &meta, out)?;
+            }
             for (k, &(s, _)) in meta.logit_rows.iter().enumerate() {
                 let o = &mut outs[pass.segs[s].row];
-                o.values.extend_from_slice(&logits[k * v..(k + 1) * v]);
+                if argmax {
+                    o.token = Some(tokens[k] as u32);
+                } else {
+                    o.values.extend_from_slice(&logits[k * v..(k + 1) * v]);
+                }
                 o.rows += 1;
             }
             for seg in &pass.segs {
@@ -282,6 +361,19 @@ impl Backend for CudaBackend {
         }
         Ok(outs)
     }
+}
+
+/// Captures a decode pass (its launches through the head, into `ws.logits`) as a graph. The
+/// graph reads the tables from the buffer they are uploaded to before every replay; everything
+/// else a launch takes is fixed by the sequence count and the KV bucket of `meta`.
+fn capture(cx: &Ctx, st: &mut States, ws: &mut Workspace, tables: &CudaSlice<i32>, meta: &plan::PassMeta) -> Result<CudaGraph, BackendError> {
+    let what = "capturing a decode graph";
+    cx.s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).map_err(drv(what))?;
+    let recorded = body(cx, st, ws, tables, meta).and_then(|_| head(cx, ws, tables, 0, meta.logit_rows.len()));
+    // The capture is ended whatever happened, so the stream is usable again.
+    let graph = cx.s.end_capture(CUgraphInstantiate_flags(0)).map_err(drv(what));
+    recorded?;
+    graph?.ok_or_else(|| BackendError::Model("capturing a decode graph recorded nothing".into()))
 }
 
 #[cfg(test)]

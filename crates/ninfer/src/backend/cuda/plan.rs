@@ -139,13 +139,31 @@ pub(crate) struct PassMeta {
     pub logit_rows: Vec<(usize, usize)>,
 }
 
+impl Pass {
+    /// A pass of one new token per sequence with the last logits of each: the shape a decode
+    /// step has, which is captured as a CUDA graph per sequence count.
+    pub fn is_decode(&self) -> bool {
+        self.segs.iter().all(|s| s.n == 1 && s.want == Want::Last)
+    }
+}
+
+/// The KV length a decode graph is captured for: the next power of two of `max_kv` from 512,
+/// within `cap` (the slot's pages). Few graphs cover every length, and the attention launch of
+/// a graph splits the cache for the bucket's length, of which the sequences use at least half.
+pub(crate) fn kv_bucket(max_kv: usize, cap: usize) -> usize {
+    max_kv.next_power_of_two().max(512).min(cap).max(max_kv)
+}
+
 /// Fills the tables of `pass`: `tokens_of(seg)` gives the segment's token ids. KV rows follow the
 /// fixed page assignment of the pool: slot s owns pages `s·pages .. (s+1)·pages`, so position p
-/// of slot s lives in cache row `s·pages·page_size + p`.
+/// of slot s lives in cache row `s·pages·page_size + p`. `kv_pad`, when given (a graph's bucket,
+/// at most the slot's pages), replaces the longest KV length of the launches and sizes the
+/// block table.
 pub(crate) fn pass_meta<'t>(
     layout: &MetaLayout,
     page_size: usize,
     pass: &Pass,
+    kv_pad: Option<usize>,
     tokens_of: impl Fn(&Seg) -> &'t [u32],
 ) -> PassMeta {
     let mut d = vec![0i32; layout.len()];
@@ -182,6 +200,10 @@ pub(crate) fn pass_meta<'t>(
     }).collect();
     for (k, &(s, j)) in logit_rows.iter().enumerate() {
         d[layout.gather() + k] = (starts[s] + j) as i32;
+    }
+    if let Some(pad) = kv_pad {
+        assert!(pad >= max_kv && pad <= layout.pages * page_size, "kv pad {pad} outside {max_kv}..={}", layout.pages * page_size);
+        max_kv = pad;
     }
     let bt_stride = max_kv.div_ceil(page_size).max(1);
     for (s, seg) in pass.segs.iter().enumerate() {
@@ -232,7 +254,7 @@ mod tests {
         let toks: Vec<Vec<u32>> = vec![vec![7], vec![10, 11, 12], vec![20, 21]];
         let rows = [row(2, 130, 1, false), row(0, 0, 3, true), row(1, 64, 2, false)];
         let pass = split_passes(&rows, 8).remove(0);
-        let m = pass_meta(&layout, 64, &pass, |s| &toks[s.row][s.tok0..s.tok0 + s.n]);
+        let m = pass_meta(&layout, 64, &pass, None, |s| &toks[s.row][s.tok0..s.tok0 + s.n]);
         let d = &m.data;
         assert_eq!((m.seqs, m.tokens, m.max_q, m.max_kv), (3, 6, 3, 131));
         assert_eq!(&d[..6], &[7, 10, 11, 12, 20, 21]);
@@ -250,5 +272,24 @@ mod tests {
         assert_eq!(&d[50..59], &[8, 9, 10, 0, 1, 2, 4, 5, 6]);
         // The zero ids stay zero (the shared expert's id table when it runs on its own).
         assert!(d[32..40].iter().all(|&z| z == 0));
+        assert!(!pass.is_decode());
+    }
+
+    #[test]
+    fn decode_passes_pad_their_kv_length_to_a_bucket() {
+        let layout = MetaLayout { t_cap: 8, s_cap: 3, pages: 16 };
+        let toks: Vec<Vec<u32>> = vec![vec![7], vec![8]];
+        let pass = split_passes(&[row(0, 100, 1, false), row(2, 600, 1, false)], 8).remove(0);
+        assert!(pass.is_decode());
+        let bucket = kv_bucket(601, layout.pages * 64);
+        assert_eq!(bucket, 1024);
+        assert_eq!(kv_bucket(3, 1024), 512);
+        assert_eq!(kv_bucket(900, 960), 960);
+        let m = pass_meta(&layout, 64, &pass, Some(bucket), |s| &toks[s.row][s.tok0..s.tok0 + s.n]);
+        assert_eq!((m.max_kv, m.bt_stride), (1024, 16));
+        // The true lengths stay in the table; the padded block-table rows list the slot's pages.
+        assert_eq!(&m.data[layout.kv_len()..layout.kv_len() + 2], &[101, 601]);
+        let bt = &m.data[layout.block_table()..];
+        assert_eq!(&bt[16..20], &[32, 33, 34, 35]);
     }
 }

@@ -53,6 +53,16 @@ pub(super) struct DevMat {
 }
 
 impl DevMat {
+    /// Bytes of every part (all experts of a bank).
+    pub fn bytes(&self) -> usize {
+        match self.parts {
+            Parts::Bf16 { data } => data.len,
+            Parts::Q8 { q, scales } | Parts::Q4 { q, scales } => q.len + scales.len,
+            Parts::Q6 { ql, qh, scales } => ql.len + qh.len + scales.len,
+            Parts::Nvfp4 { codes, scales, global, .. } => codes.len + scales.len + global.len,
+        }
+    }
+
     /// Same encoding and shape: two such matrices can share one launch (bank + shared expert).
     pub fn same_layout(&self, other: &DevMat) -> bool {
         std::mem::discriminant(&self.parts) == std::mem::discriminant(&other.parts)
