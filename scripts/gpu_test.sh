@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs ninfer's GPU tests and prints a summary: every test of every test executable in a folder
 # (the ninfer-kernels kernel tests, built with `cargo test --no-run --release -p ninfer-kernels
-# --features build-cubins`), each test in its own process so that a sticky CUDA error (an
-# illegal address, say) fails that test alone; then the Python tests marked `gpu` when pytest
-# can import ninfer.
+# --features build-cubins`, and the ninfer crate's tests with the CUDA backend, built with
+# `cargo test --no-run --release -p ninfer --features cuda`), each test in its own process so
+# that a sticky CUDA error (an illegal address, say) fails that test alone; then the Python
+# tests marked `gpu` when pytest can import ninfer.
 #
 # Usage: scripts/gpu_test.sh [--bench] [--logs DIR] [BIN_DIR]
 #   BIN_DIR   folder of test executables; without it the kernel tests are built first and
@@ -38,8 +39,10 @@ if [ -n "$bin_dir" ]; then
 else
     while IFS= read -r exe; do
         bins+=("$exe")
-    done < <(cd "$root" && cargo test --no-run --release -p ninfer-kernels --features build-cubins \
-        --message-format=json 2>/dev/null |
+    done < <(cd "$root" && {
+        cargo test --no-run --release -p ninfer-kernels --features build-cubins --message-format=json
+        cargo test --no-run --release -p ninfer --features cuda --message-format=json
+    } 2>/dev/null |
         python3 -c 'import json, sys
 for line in sys.stdin:
     try: m = json.loads(line)

@@ -1,5 +1,5 @@
 """The Python Engine over the bundled demo model: generate, stream, chat, asyncio, determinism,
-argument errors, cancellation."""
+argument errors, cancellation, a bounded KV pool."""
 
 from __future__ import annotations
 
@@ -148,5 +148,36 @@ def test_closing_a_stream_cancels_and_frees_the_slot(engine):
         if engine.stats()["running"] == 0:
             break
         threading.Event().wait(0.01)
-    assert engine.stats()["running"] == 0
+    st = engine.stats()
+    assert st["running"] == 0
+    # Its KV reservation and pages went back with the slot (published together).
+    assert (st["kv_pages_reserved"], st["kv_pages_used"]) == (0, 0) and st["kv_pages_total"] > 0
     assert ninfer.__version__
+
+
+def test_kv_capacity_queues_requests_and_refuses_one_larger_than_the_pool():
+    # 96 positions = 6 pages of 16; a prompt of 8 ids plus 40 tokens reserves 3 pages, so two
+    # requests run at once although four slots are free; the others wait their turn.
+    e = Engine(device="cpu", max_concurrency=4, kv_capacity=96)
+    try:
+        assert e.kv_capacity == 96
+        st = e.stats()
+        assert (st["kv_pages_total"], st["kv_page_size"], st["kv_pages_reserved"]) == (6, 16, 0)
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        prompts = [[10 + i] * 8 for i in range(4)]
+        streams = [e.stream(p, params) for p in prompts]
+        heads = [next(streams[0]), next(streams[1])]
+        st = e.stats()
+        assert (st["running"], st["waiting"], st["kv_pages_reserved"]) == (2, 2, 6)
+        together = [heads[i].token_ids if i < 2 else [] for i in range(4)]
+        for i, s in enumerate(streams):
+            together[i] += [t for d in s for t in d.token_ids]
+        assert together == [e.generate(p, params).token_ids for p in prompts]
+        with pytest.raises(ValueError, match="KV capacity is 96 tokens"):
+            e.generate([5] * 8, SamplingParams(max_tokens=100))
+        st = e.stats()
+        assert (st["running"], st["waiting"], st["kv_pages_reserved"], st["kv_pages_used"]) == (0, 0, 0, 0)
+    finally:
+        e.close()
+    with pytest.raises(ValueError, match="kv_capacity"):
+        Engine(device="cpu", kv_capacity=0)

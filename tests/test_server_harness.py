@@ -220,6 +220,8 @@ def test_cli_serve_enforces_the_api_key(demo_model: Path) -> None:
         "tiny",
         "--api-key",
         "s3cret",
+        "--kv-capacity",
+        "1000",
     ]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=_cli_env())
     try:
@@ -232,6 +234,7 @@ def test_cli_serve_enforces_the_api_key(demo_model: Path) -> None:
             found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
             port = int(found.group(1)) if found else port
             if "serving `tiny`" in line:
+                assert "KV 1008 tokens" in line, line  # --kv-capacity reached the engine, in whole pages
                 break
         assert port is not None
         base = f"http://127.0.0.1:{port}/v1"

@@ -324,7 +324,11 @@ def _configure_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, help="tokens per sequence, prompt plus output (engine default 8192)")
     p.add_argument("--max-pending", type=int, help="queued requests before answering 429 (engine default 256)")
     p.add_argument("--prefill-chunk", type=int, help="prompt tokens per prefill step (engine default 512)")
-    p.add_argument("--kv-capacity", default="auto", help="KV cache size: auto or a number of tokens (reserved: not used by the engine yet)")
+    p.add_argument(
+        "--kv-capacity",
+        default="auto",
+        help="tokens of KV cache all requests share: auto (every slot can hold --max-context) or a number",
+    )
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -350,11 +354,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         max_context=args.max_context,
         max_pending=args.max_pending,
         prefill_chunk=args.prefill_chunk,
+        kv_capacity=None if args.kv_capacity == "auto" else int(args.kv_capacity),
     )
     if not config.model_path().exists():
         raise CliError(f"no such artifact: {config.model_path()}")
-    if args.kv_capacity != "auto":
-        print("note: --kv-capacity is reserved and has no effect yet", file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return asyncio.run(serve(config, args.host, args.port))
 

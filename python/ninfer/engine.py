@@ -135,11 +135,15 @@ def _delta(ev: dict) -> Delta:
 class Engine:
     """A loaded model. `Engine(path=None)` loads the bundled demo model.
 
-    Options: `max_concurrency`, `max_context`, `max_pending`, `prefill_chunk`.
+    Options: `max_concurrency`, `max_context`, `max_pending`, `prefill_chunk`, and `kv_capacity`:
+    positions of KV cache all sequences share, rounded up to whole pages (None, the default: every
+    sequence can reach `max_context`). A request reserves KV for its prompt plus `max_tokens` (at
+    most `max_context`) when it starts; requests wait in FIFO order until their reservation fits,
+    and one that needs more than the whole pool is refused with ValueError.
     """
 
     def __init__(self, path: str | Path | None = None, device: str = "auto", **options: Any):
-        known = {"max_concurrency", "max_context", "max_pending", "prefill_chunk"}
+        known = {"max_concurrency", "max_context", "max_pending", "prefill_chunk", "kv_capacity"}
         unknown = set(options) - known
         if unknown:
             raise ValueError(f"unknown engine option(s): {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})")
@@ -163,6 +167,11 @@ class Engine:
         return self._core.max_context
 
     @property
+    def kv_capacity(self) -> int:
+        """Positions of KV cache all sequences share (whole pages, at least what was asked)."""
+        return self._core.kv_capacity
+
+    @property
     def eos_token_ids(self) -> list[int]:
         return list(self._core.eos_token_ids)
 
@@ -179,6 +188,9 @@ class Engine:
         return self._core.decode(list(ids), skip_special)
 
     def stats(self) -> dict[str, int]:
+        """Scheduler counters: running, waiting, slots_total, slots_used, prompt_tokens,
+        generated_tokens, steps, and the KV pool in pages: kv_pages_total, kv_pages_reserved (by
+        running requests), kv_pages_used (held now), kv_page_size (positions per page)."""
         return dict(self._core.stats())
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs: Any) -> str:

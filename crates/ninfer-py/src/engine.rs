@@ -124,7 +124,10 @@ impl PyEngine {
 #[pymethods]
 impl PyEngine {
     #[new]
-    #[pyo3(signature = (path, device = "auto", max_concurrency = 8, max_context = 8192, max_pending = 256, prefill_chunk = 512))]
+    /// `kv_capacity`: positions of KV all sequences share; None: every slot can hold the full
+    /// context.
+    #[pyo3(signature = (path, device = "auto", max_concurrency = 8, max_context = 8192, max_pending = 256, prefill_chunk = 512, kv_capacity = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         path: PathBuf,
@@ -133,9 +136,10 @@ impl PyEngine {
         max_context: usize,
         max_pending: usize,
         prefill_chunk: usize,
+        kv_capacity: Option<usize>,
     ) -> PyResult<Self> {
         let device: Device = device.parse().map_err(PyValueError::new_err)?;
-        let opts = EngineOptions { device, max_concurrency, max_context, max_pending, prefill_chunk };
+        let opts = EngineOptions { device, max_concurrency, max_context, max_pending, prefill_chunk, kv_capacity };
         let inner = py.detach(|| Engine::open(&path, opts)).map_err(engine_err)?;
         let (tx, rx) = mpsc::channel();
         Ok(PyEngine { inner: std::sync::RwLock::new(Some(std::sync::Arc::new(inner))), tx, rx: Mutex::new(rx) })
@@ -174,6 +178,12 @@ impl PyEngine {
     #[getter]
     fn max_concurrency(&self) -> PyResult<usize> {
         Ok(self.e()?.options().max_concurrency)
+    }
+
+    /// Positions of KV all sequences share, as sized at open (whole pages).
+    #[getter]
+    fn kv_capacity(&self) -> PyResult<usize> {
+        Ok(self.e()?.kv_capacity())
     }
 
     #[getter]
@@ -236,6 +246,10 @@ impl PyEngine {
         d.set_item("prompt_tokens", s.prompt_tokens)?;
         d.set_item("generated_tokens", s.generated_tokens)?;
         d.set_item("steps", s.steps)?;
+        d.set_item("kv_pages_total", s.kv_pages_total)?;
+        d.set_item("kv_pages_reserved", s.kv_pages_reserved)?;
+        d.set_item("kv_pages_used", s.kv_pages_used)?;
+        d.set_item("kv_page_size", s.kv_page_size)?;
         Ok(d)
     }
 
@@ -268,7 +282,7 @@ fn open_runner_backend(art: &Artifact, device: Device, max_slots: usize, max_con
     if device == Device::Cuda {
         return Err("device `cuda` is not available: this build of ninfer has no CUDA support (built without the `cuda` feature)".into());
     }
-    let b = CpuBackend::open(art, CpuOptions { max_slots, max_context, mtp: false }).map_err(|e| e.to_string())?;
+    let b = CpuBackend::open(art, CpuOptions { max_slots, max_context, mtp: false, kv_capacity: None }).map_err(|e| e.to_string())?;
     Ok(Box::new(b))
 }
 

@@ -252,7 +252,8 @@ async def serve(config: ServerConfig, host: str, port: int, out: Any = sys.stder
             return 1
         assert state.engine is not None
         print(
-            f"ninfer: serving `{state.model_id}` on {state.engine.device}, context {state.engine.max_context}",
+            f"ninfer: serving `{state.model_id}` on {state.engine.device}, context {state.engine.max_context}, "
+            f"KV {state.engine.kv_capacity} tokens",
             file=out,
             flush=True,
         )

@@ -105,7 +105,10 @@ def prepare(engine: Engine, req: GenerationRequest) -> Prepared:
         raise bad_request(f"token ids must be in [0, {vocab})", param)
     if len(ids) >= engine.max_context:
         raise context_error(len(ids), engine.max_context, param)
-    params = sampling_params(req, engine.generation_config, len(ids), engine.max_context)
+    # Without max_tokens the output may run to the context limit, or to the whole KV pool when
+    # that is smaller, so that a request without max_tokens is never refused for its KV.
+    limit = min(engine.max_context, engine.kv_capacity)
+    params = sampling_params(req, engine.generation_config, len(ids), limit)
     return Prepared(ids, params, thinking)
 
 

@@ -3,7 +3,7 @@
 The server keeps what only it sees: requests by endpoint and status, time to first token, time
 per output token and end-to-end latency. Token counts and scheduler occupancy come from the
 engine's own counters (`Engine.stats()`) when the page is rendered, so they cannot drift from
-what the scheduler did. Written by hand: the format is a few lines and adds no dependency.
+what the scheduler did; so do the KV pool's pages (total, reserved by running requests, used). Written by hand: the format is a few lines and adds no dependency.
 """
 
 from __future__ import annotations
@@ -123,6 +123,26 @@ class Metrics:
                 "gauge",
                 "Sequence slots of the engine (--max-concurrency).",
                 s.get("slots_total", 0),
+            ),
+            (
+                "ninfer_kv_pages_total",
+                "gauge",
+                "Pages of the KV pool (--kv-capacity), each of ninfer_kv_page_size positions.",
+                s.get("kv_pages_total", 0),
+            ),
+            ("ninfer_kv_page_size", "gauge", "Token positions per KV page.", s.get("kv_page_size", 0)),
+            (
+                "ninfer_kv_pages_reserved",
+                "gauge",
+                "KV pages reserved by running requests (prompt plus max_tokens each).",
+                s.get("kv_pages_reserved", 0),
+            ),
+            ("ninfer_kv_pages_used", "gauge", "KV pages holding tokens now.", s.get("kv_pages_used", 0)),
+            (
+                "ninfer_kv_usage_ratio",
+                "gauge",
+                "Fraction of the KV pool holding tokens (used / total pages).",
+                s.get("kv_pages_used", 0) / s["kv_pages_total"] if s.get("kv_pages_total") else 0,
             ),
         )
         for name, kind, help_text, value in engine_metrics:

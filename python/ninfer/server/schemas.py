@@ -207,7 +207,8 @@ def sampling_params(
 ) -> SamplingParams:
     """The engine's SamplingParams: the client's values, else the model's generation defaults.
 
-    Without `max_tokens` a generation may run to the context limit, as in the OpenAI API.
+    Without `max_tokens` a generation may run to `max_context`, as in the OpenAI API (the caller
+    passes the context limit, or the KV capacity when that is smaller).
     """
     values: dict[str, Any] = {}
     for key in _DEFAULT_KEYS:

@@ -38,6 +38,7 @@ class ServerConfig:
     max_context: int | None = None
     max_pending: int | None = None
     prefill_chunk: int | None = None
+    kv_capacity: int | None = None  # positions of KV all sequences share; None: auto
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     def model_path(self) -> Path:
@@ -57,6 +58,7 @@ class ServerConfig:
             "max_context": self.max_context,
             "max_pending": self.max_pending,
             "prefill_chunk": self.prefill_chunk,
+            "kv_capacity": self.kv_capacity,
         }
         return {k: v for k, v in options.items() if v is not None}
 

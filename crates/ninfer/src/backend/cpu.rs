@@ -1,11 +1,20 @@
 //! The CPU reference backend (DESIGN.md §5): the f32 [`Model`] plus sequence slots. Each row of
 //! a step continues its slot's sequence; rows are processed one after the other. MTP drafting
 //! (model-spec.md §3) goes through the inherent [`CpuBackend::mtp_step`].
+//!
+//! KV accounting: the CPU backend's KV is per-slot growable vectors; pages are its unit of
+//! accounting so that the runtime treats both backends alike. A slot of `len` tokens holds
+//! `ceil(len / PAGE)` pages of a pool of `ceil(kv_capacity / PAGE)`; a step that would need more
+//! pages than are free fails with `KvFull` before anything changes.
 
 use crate::artifact::Artifact;
 use crate::model::{ForwardOut, LogitRows, Model, ModelConfig, ModelError, MtpState, SeqState};
 
-use super::{Backend, BackendError, RowLogits, SlotId, StepInput};
+use super::{Backend, BackendError, KvPool, RowLogits, SlotId, StepInput};
+
+/// Positions per KV page. Only an accounting unit here (see the module comment); small so that
+/// rounding wastes little of a small pool in tests.
+pub const PAGE: usize = 16;
 
 #[derive(Debug, Clone)]
 pub struct CpuOptions {
@@ -15,11 +24,14 @@ pub struct CpuOptions {
     pub max_context: usize,
     /// Load the MTP block, if the artifact has the `mtp` component.
     pub mtp: bool,
+    /// Positions of KV all slots share (rounded up to pages); None: every slot can reach
+    /// `max_context` (`max_slots × max_context`).
+    pub kv_capacity: Option<usize>,
 }
 
 impl Default for CpuOptions {
     fn default() -> Self {
-        CpuOptions { max_slots: 4, max_context: 4096, mtp: false }
+        CpuOptions { max_slots: 4, max_context: 4096, mtp: false, kv_capacity: None }
     }
 }
 
@@ -40,6 +52,7 @@ pub struct CpuBackend {
     model: Model,
     slots: Vec<Option<Slot>>,
     max_context: usize,
+    kv_pages: usize,
 }
 
 fn model_err(e: ModelError) -> BackendError {
@@ -57,7 +70,11 @@ impl CpuBackend {
     pub fn open(art: &Artifact, opts: CpuOptions) -> Result<Self, BackendError> {
         let model = Model::load(art, opts.mtp).map_err(model_err)?;
         let max_context = opts.max_context.min(model.config().max_position_embeddings);
-        Ok(CpuBackend { model, slots: (0..opts.max_slots).map(|_| None).collect(), max_context })
+        let kv_pages = opts.kv_capacity.unwrap_or(opts.max_slots * max_context).div_ceil(PAGE);
+        if kv_pages == 0 {
+            return Err(BackendError::Model("the KV capacity must be at least one token".into()));
+        }
+        Ok(CpuBackend { model, slots: (0..opts.max_slots).map(|_| None).collect(), max_context, kv_pages })
     }
 
     pub fn model(&self) -> &Model {
@@ -89,6 +106,12 @@ impl CpuBackend {
         }
     }
 
+    /// Pages held by the live slots (the target sequences; the MTP cache of a slot follows its
+    /// sequence, so it is not counted separately).
+    fn used_pages(&self) -> usize {
+        self.slots.iter().flatten().map(|s| s.seq.len().div_ceil(PAGE)).sum()
+    }
+
     fn check_room(&self, have: usize, add: usize) -> Result<(), BackendError> {
         if have + add > self.max_context {
             return Err(BackendError::ContextFull { max: self.max_context, needed: have + add });
@@ -103,6 +126,8 @@ impl CpuBackend {
     }
 
     fn step_rows(&mut self, rows: &[StepInput<'_>], want_hidden: bool) -> Result<Vec<RowOutput>, BackendError> {
+        // Pages the rows add; a slot appears once per step, so the rows' growth simply adds up.
+        let mut needed = 0;
         for (i, r) in rows.iter().enumerate() {
             let have = self.slot(r.slot)?.seq.len();
             if rows[..i].iter().any(|o| o.slot == r.slot) {
@@ -110,6 +135,11 @@ impl CpuBackend {
             }
             self.check_tokens(r.tokens)?;
             self.check_room(have, r.tokens.len())?;
+            needed += (have + r.tokens.len()).div_ceil(PAGE) - have.div_ceil(PAGE);
+        }
+        let free = self.kv_pages - self.used_pages();
+        if needed > free {
+            return Err(BackendError::KvFull { needed, free, total: self.kv_pages });
         }
         let mut outs = Vec::with_capacity(rows.len());
         for r in rows {
@@ -176,6 +206,10 @@ impl Backend for CpuBackend {
 
     fn slot_len(&self, slot: SlotId) -> Result<usize, BackendError> {
         Ok(self.slot(slot)?.seq.len())
+    }
+
+    fn kv_pool(&self) -> KvPool {
+        KvPool { page_size: PAGE, pages: self.kv_pages, used: self.used_pages() }
     }
 
     fn step(&mut self, rows: &[StepInput<'_>]) -> Result<Vec<RowLogits>, BackendError> {
@@ -258,6 +292,41 @@ mod tests {
         assert_eq!(be.slot_len(a).unwrap(), 10);
         be.step(&[row(a, &long[..10], false)]).unwrap();
         assert_eq!(be.slot_len(a).unwrap(), 20);
+    }
+
+    #[test]
+    fn kv_pages_follow_the_sequences_and_bound_the_steps() {
+        // Auto: every slot can reach the full context.
+        let auto = open("kv-auto", CpuOptions { max_slots: 3, max_context: 100, ..CpuOptions::default() }, TinyOpts::default());
+        assert_eq!(auto.kv_pool(), KvPool { page_size: PAGE, pages: 300usize.div_ceil(PAGE), used: 0 });
+        // 40 positions round up to 3 pages of 16.
+        let mut be = open("kv-pool", CpuOptions { kv_capacity: Some(40), ..CpuOptions::default() }, TinyOpts::default());
+        assert_eq!((be.kv_pool().pages, be.kv_pool().capacity()), (3, 48));
+        let (a, b) = (be.alloc_slot().unwrap(), be.alloc_slot().unwrap());
+        be.step(&[row(a, &tokens(1, 20), false)]).unwrap();
+        assert_eq!(be.kv_pool().used, 2);
+        // 17 tokens need 2 pages, 1 is free: refused, and the valid row next to it did not run.
+        let (tb, ta) = (tokens(2, 17), tokens(3, 4));
+        let err = be.step(&[row(a, &ta, false), row(b, &tb, false)]).unwrap_err();
+        assert!(matches!(err, BackendError::KvFull { needed: 2, free: 1, total: 3 }), "{err}");
+        assert_eq!((be.slot_len(a).unwrap(), be.slot_len(b).unwrap(), be.kv_pool().used), (20, 0, 2));
+        // Growing within a held page takes nothing more; crossing into the last page takes it.
+        be.step(&[row(a, &ta, false)]).unwrap();
+        assert_eq!(be.kv_pool().used, 2);
+        be.step(&[row(b, &tb[..9], false)]).unwrap();
+        assert_eq!(be.kv_pool().used, 3);
+        assert!(matches!(be.step(&[row(b, &tb[9..], false)]), Err(BackendError::KvFull { needed: 1, free: 0, total: 3 })));
+        // Freeing a slot gives its pages back.
+        be.free_slot(a);
+        assert_eq!(be.kv_pool().used, 1);
+        be.step(&[row(b, &tb[9..], false)]).unwrap();
+        assert_eq!((be.slot_len(b).unwrap(), be.kv_pool().used), (17, 2));
+        be.free_slot(b);
+        assert_eq!(be.kv_pool().used, 0);
+        let zero = write_tiny("kv-zero", &TinyOpts::default());
+        let refused = CpuBackend::open(&Artifact::open(&zero).unwrap(), CpuOptions { kv_capacity: Some(0), ..CpuOptions::default() });
+        std::fs::remove_file(&zero).unwrap();
+        assert!(matches!(refused, Err(BackendError::Model(_))));
     }
 
     #[test]

@@ -25,12 +25,35 @@ pub enum BackendError {
     ContextFull { max: usize, needed: usize },
     #[error("unknown or released slot {0:?}")]
     BadSlot(SlotId),
+    #[error("the KV pool is full: {needed} more pages needed, {free} of {total} free")]
+    KvFull { needed: usize, free: usize, total: usize },
     #[error("token id {id} out of range (vocabulary {vocab})")]
     BadToken { id: u32, vocab: usize },
     #[error("{0}")]
     Model(String),
     #[error(transparent)]
     Artifact(#[from] crate::artifact::ArtifactError),
+}
+
+/// Size of a backend's KV pool, in pages of `page_size` positions (of every attention layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvPool {
+    pub page_size: usize,
+    pub pages: usize,
+    /// Pages held by live slots now.
+    pub used: usize,
+}
+
+impl KvPool {
+    /// Pages a sequence of `tokens` positions holds.
+    pub fn pages_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.page_size)
+    }
+
+    /// Positions the whole pool holds.
+    pub fn capacity(&self) -> usize {
+        self.pages * self.page_size
+    }
 }
 
 /// One row of a step: `tokens` are appended to the slot's sequence at its current length.
@@ -64,6 +87,11 @@ pub trait Backend: Send {
     fn free_slot(&mut self, slot: SlotId);
     /// Tokens already in a slot's state.
     fn slot_len(&self, slot: SlotId) -> Result<usize, BackendError>;
+    /// The KV pool shared by all slots, sized at open: a slot takes pages as its sequence grows
+    /// and gives them back when freed. A step that would need more pages than are free fails
+    /// with `KvFull` before any state changes; the scheduler reserves pages so that it never
+    /// does.
+    fn kv_pool(&self) -> KvPool;
     /// Runs the model over every row (each row's tokens continue its own sequence) and returns the
     /// logits of each row in order.
     fn step(&mut self, rows: &[StepInput<'_>]) -> Result<Vec<RowLogits>, BackendError>;

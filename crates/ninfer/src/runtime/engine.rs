@@ -13,7 +13,7 @@ use super::sampler::SamplingParams;
 use super::scheduler::{self, Limits, Shared, Stats};
 use crate::artifact::Artifact;
 use crate::backend::cpu::{CpuBackend, CpuOptions};
-use crate::backend::Backend;
+use crate::backend::{Backend, KvPool};
 use crate::model::ModelConfig;
 use crate::tokenizer::Tokenizer;
 
@@ -49,11 +49,15 @@ pub struct EngineOptions {
     pub max_pending: usize,
     /// Prompt tokens per prefill chunk.
     pub prefill_chunk: usize,
+    /// Positions of KV all sequences share, rounded up to the backend's pages. None (`auto`):
+    /// every slot can hold the full context (`max_concurrency × max_context`; the CUDA backend
+    /// takes less when that does not fit on the card).
+    pub kv_capacity: Option<usize>,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { device: Device::Auto, max_concurrency: 8, max_context: 8192, max_pending: 256, prefill_chunk: 512 }
+        EngineOptions { device: Device::Auto, max_concurrency: 8, max_context: 8192, max_pending: 256, prefill_chunk: 512, kv_capacity: None }
     }
 }
 
@@ -69,6 +73,11 @@ pub enum EngineError {
     QueueFull(usize),
     #[error("the prompt has {prompt} tokens but the context limit is {max}")]
     PromptTooLong { prompt: usize, max: usize },
+    #[error(
+        "the request needs KV for {needed} tokens (a prompt of {prompt} tokens plus max_tokens {max_tokens}, at most the \
+         context limit) but the KV capacity is {capacity} tokens; lower max_tokens or raise the KV capacity"
+    )]
+    ExceedsKvCapacity { prompt: usize, max_tokens: usize, needed: usize, capacity: usize },
     #[error("{0}")]
     Unsupported(String),
 }
@@ -82,6 +91,8 @@ pub struct Engine {
     eos: Vec<u32>,
     backend_name: String,
     options: EngineOptions,
+    /// The backend's pool as sized at open (`used` is not kept up to date here; see `stats`).
+    kv_pool: KvPool,
     shared: Arc<Shared>,
     next_id: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -89,7 +100,7 @@ pub struct Engine {
 
 fn open_backend(art: &Artifact, opts: &EngineOptions) -> Result<Box<dyn Backend>, EngineError> {
     let cpu = || -> Result<Box<dyn Backend>, EngineError> {
-        let o = CpuOptions { max_slots: opts.max_concurrency, max_context: opts.max_context, mtp: false };
+        let o = CpuOptions { max_slots: opts.max_concurrency, max_context: opts.max_context, mtp: false, kv_capacity: opts.kv_capacity };
         Ok(Box::new(CpuBackend::open(art, o)?))
     };
     match opts.device {
@@ -119,6 +130,7 @@ mod cuda {
             max_slots: opts.max_concurrency,
             max_context: opts.max_context,
             max_step_tokens: opts.prefill_chunk + opts.max_concurrency,
+            kv_capacity: opts.kv_capacity,
             graphs: true,
         };
         let b = CudaBackend::open(art, o).map_err(|e| EngineError::Unsupported(format!("device `cuda`: {e}")))?;
@@ -145,8 +157,8 @@ mod cuda {
 
 impl Engine {
     pub fn open(path: impl AsRef<Path>, options: EngineOptions) -> Result<Engine, EngineError> {
-        if options.max_concurrency == 0 || options.max_context < 2 || options.prefill_chunk == 0 {
-            return Err(EngineError::Invalid("max_concurrency, max_context and prefill_chunk must be positive".into()));
+        if options.max_concurrency == 0 || options.max_context < 2 || options.prefill_chunk == 0 || options.kv_capacity == Some(0) {
+            return Err(EngineError::Invalid("max_concurrency, max_context, prefill_chunk and kv_capacity must be positive".into()));
         }
         let art = Artifact::open(path.as_ref())?;
         let text = art.component("text").expect("validated at open");
@@ -170,7 +182,16 @@ impl Engine {
         options.max_context = options.max_context.min(config.max_position_embeddings);
         let backend = open_backend(&art, &options)?;
         let backend_name = backend.name();
+        let kv_pool = backend.kv_pool();
         let shared = Arc::new(Shared::default());
+        {
+            // The sizes are known before the first request: show them from the start.
+            let stats = &mut shared.queue.lock().unwrap_or_else(|p| p.into_inner()).stats;
+            stats.slots_total = options.max_concurrency;
+            stats.kv_pages_total = kv_pool.pages;
+            stats.kv_page_size = kv_pool.page_size;
+            stats.kv_pages_used = kv_pool.used;
+        }
         let limits = Limits {
             max_slots: options.max_concurrency,
             max_context: options.max_context,
@@ -191,6 +212,7 @@ impl Engine {
             eos,
             backend_name,
             options,
+            kv_pool,
             shared,
             next_id: AtomicU64::new(1),
             thread: Mutex::new(Some(thread)),
@@ -211,6 +233,11 @@ impl Engine {
 
     pub fn backend_name(&self) -> &str {
         &self.backend_name
+    }
+
+    /// Positions of KV all sequences share (whole pages; at least the requested capacity).
+    pub fn kv_capacity(&self) -> usize {
+        self.kv_pool.capacity()
     }
 
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
@@ -240,7 +267,9 @@ impl Engine {
     }
 
     /// Queues a request; its events go to the sink that `make_sink` builds for the request's id
-    /// (called on the scheduler thread; it must not block). Returns the id.
+    /// (called on the scheduler thread; it must not block). Returns the id. A request whose KV
+    /// reservation (prompt + max_tokens, at most the context limit) exceeds the whole pool is
+    /// refused here, since it could never be admitted.
     pub fn submit(&self, prompt: Vec<u32>, params: SamplingParams, make_sink: impl FnOnce(u64) -> EventSink) -> Result<u64, EngineError> {
         params.validate().map_err(EngineError::Invalid)?;
         if prompt.is_empty() {
@@ -251,6 +280,17 @@ impl Engine {
         }
         if prompt.len() >= self.options.max_context {
             return Err(EngineError::PromptTooLong { prompt: prompt.len(), max: self.options.max_context });
+        }
+        // Admission reserves this much; more than the whole pool would wait forever.
+        let pages = scheduler::reservation(&self.kv_pool, prompt.len(), params.max_tokens, self.options.max_context);
+        if pages > self.kv_pool.pages {
+            let needed = prompt.len().saturating_add(params.max_tokens).min(self.options.max_context);
+            return Err(EngineError::ExceedsKvCapacity {
+                prompt: prompt.len(),
+                max_tokens: params.max_tokens,
+                needed,
+                capacity: self.kv_pool.capacity(),
+            });
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut q = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -267,8 +307,8 @@ impl Engine {
         Ok(id)
     }
 
-    /// Cancels a request; its slot is freed within one scheduler round and it ends with
-    /// `FinishReason::Cancelled`. Unknown or finished ids are ignored.
+    /// Cancels a request; its slot and KV pages are freed within one scheduler round and it
+    /// ends with `FinishReason::Cancelled`. Unknown or finished ids are ignored.
     pub fn cancel(&self, id: u64) {
         self.shared.queue.lock().unwrap_or_else(|p| p.into_inner()).cancelled.insert(id);
         self.shared.wake.notify_all();

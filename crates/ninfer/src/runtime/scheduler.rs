@@ -1,8 +1,14 @@
 //! The scheduler thread: continuous batching over one backend (DESIGN.md §3, §6).
 //!
 //! Each round: drop cancelled sequences, admit waiting requests in FIFO order while a state slot
-//! is free, then run one backend step made of a decode row for every sequence that is generating
-//! and at most one prompt chunk, sample, detokenize, match stop rules and send events.
+//! is free and their KV reservation fits, then run one backend step made of a decode row for
+//! every sequence that is generating and at most one prompt chunk, sample, detokenize, match stop
+//! rules and send events.
+//!
+//! KV: a request reserves, at admission, the pages of the longest sequence it may become
+//! (`prompt + max_tokens`, capped at the context limit), so a running sequence never finds the
+//! pool full halfway through. The head of the queue waits until its reservation fits; nothing
+//! overtakes it, so a large request is never starved by a stream of small ones.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
@@ -10,7 +16,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use super::request::{Event, FinishReason, Request, Usage};
 use super::sampler::{Sampler, TokenLogprob};
 use super::stop::{StopMatcher, StopScan};
-use crate::backend::{Backend, SlotId, StepInput};
+use crate::backend::{Backend, KvPool, SlotId, StepInput};
 use crate::tokenizer::{Detokenizer, Tokenizer};
 
 /// Counters read by `/metrics` and `doctor`.
@@ -23,6 +29,18 @@ pub struct Stats {
     pub prompt_tokens: u64,
     pub generated_tokens: u64,
     pub steps: u64,
+    /// Pages of the backend's KV pool, and positions per page.
+    pub kv_pages_total: usize,
+    pub kv_page_size: usize,
+    /// Pages set aside for the running sequences (what admission counts against the pool).
+    pub kv_pages_reserved: usize,
+    /// Pages the backend's slots hold now (at most the reserved ones).
+    pub kv_pages_used: usize,
+}
+
+/// Pages a request reserves: those of the longest sequence it may become.
+pub(crate) fn reservation(pool: &KvPool, prompt: usize, max_tokens: usize, max_context: usize) -> usize {
+    pool.pages_for(prompt.saturating_add(max_tokens).min(max_context))
 }
 
 #[derive(Default)]
@@ -49,6 +67,8 @@ pub(crate) struct Limits {
 struct Sequence {
     req: Request,
     slot: SlotId,
+    /// KV pages reserved at admission, released when the sequence leaves `running`.
+    reserved: usize,
     fed: usize,
     generated: Vec<u32>,
     sampler: Sampler,
@@ -78,10 +98,26 @@ impl Sequence {
     }
 }
 
+/// Occupancy counters as they are now. Called under the queue lock after every change to
+/// `running` or to the backend's slots, so `/metrics` never shows a finished or cancelled
+/// request's pages once it has left `running`.
+fn publish(stats: &mut Stats, running: &[Sequence], backend: &dyn Backend, limits: &Limits) {
+    let pool = backend.kv_pool();
+    stats.running = running.len();
+    stats.slots_total = limits.max_slots;
+    stats.slots_used = running.len();
+    stats.kv_pages_total = pool.pages;
+    stats.kv_page_size = pool.page_size;
+    stats.kv_pages_reserved = running.iter().map(|s| s.reserved).sum();
+    stats.kv_pages_used = pool.used;
+}
+
 pub(crate) fn run(mut backend: Box<dyn Backend>, tokenizer: Option<Tokenizer>, shared: Arc<Shared>, limits: Limits) {
+    let pool = backend.kv_pool();
     let mut running: Vec<Sequence> = Vec::new();
     loop {
         let mut dropped = Vec::new();
+        let mut refused = Vec::new();
         {
             let mut q = shared.queue.lock().unwrap_or_else(|p| p.into_inner());
             while running.is_empty() && q.pending.is_empty() && !q.shutdown {
@@ -102,33 +138,51 @@ pub(crate) fn run(mut backend: Box<dyn Backend>, tokenizer: Option<Tokenizer>, s
                     let mut r = q.pending.remove(pos).expect("position is valid");
                     (r.sink)(Event::Done { reason: FinishReason::Cancelled, usage: Usage::default(), stop: None });
                 } else if let Some(pos) = running.iter().position(|s| s.req.id == id) {
-                    dropped.push(running.remove(pos));
+                    // Freed here, under the lock, so the stats published below already show
+                    // its pages back (freeing a slot is bookkeeping, not device work).
+                    let s = running.remove(pos);
+                    backend.free_slot(s.slot);
+                    dropped.push(s);
                 }
             }
-            while running.len() < limits.max_slots && !q.pending.is_empty() {
+            let mut reserved: usize = running.iter().map(|s| s.reserved).sum();
+            while running.len() < limits.max_slots {
+                let Some(head) = q.pending.front() else { break };
+                let need = reservation(&pool, head.prompt.len(), head.params.max_tokens, limits.max_context);
+                if need > pool.pages {
+                    // `Engine::submit` refuses these; kept so that such a request can never
+                    // block the queue for good.
+                    refused.push(q.pending.pop_front().expect("checked non-empty"));
+                    continue;
+                }
+                if reserved + need > pool.pages {
+                    break;
+                }
                 let slot = match backend.alloc_slot() {
                     Ok(s) => s,
                     Err(_) => break,
                 };
                 let req = q.pending.pop_front().expect("checked non-empty");
                 q.stats.prompt_tokens += req.prompt.len() as u64;
+                reserved += need;
                 running.push(Sequence {
                     sampler: Sampler::new(req.params.clone()),
                     stop: StopMatcher::new(req.params.stop.clone()),
                     detok: tokenizer.as_ref().map(|t| Detokenizer::new(t, false)),
                     req,
                     slot,
+                    reserved: need,
                     fed: 0,
                     generated: Vec::new(),
                 });
             }
-            q.stats.running = running.len();
             q.stats.waiting = q.pending.len();
-            q.stats.slots_total = limits.max_slots;
-            q.stats.slots_used = running.len();
+            publish(&mut q.stats, &running, backend.as_ref(), &limits);
+        }
+        for mut r in refused {
+            (r.sink)(Event::Error(format!("the request needs more KV than the whole pool ({} tokens)", pool.capacity())));
         }
         for mut s in dropped {
-            backend.free_slot(s.slot);
             s.finish(FinishReason::Cancelled, None);
         }
         if running.is_empty() {
@@ -139,11 +193,10 @@ pub(crate) fn run(mut backend: Box<dyn Backend>, tokenizer: Option<Tokenizer>, s
             let mut q = shared.queue.lock().unwrap_or_else(|p| p.into_inner());
             q.stats.generated_tokens += generated;
             q.stats.steps += 1;
-            q.stats.running = running.len();
-            q.stats.slots_used = running.len();
+            publish(&mut q.stats, &running, backend.as_ref(), &limits);
         }
-        // Final events go out after the stats say the slots are free, so a caller that sees a
-        // request end also sees its slot released.
+        // Final events go out after the stats say the slots and pages are free, so a caller that
+        // sees a request end also sees them released.
         for (mut s, how) in finished {
             if let Some((reason, stop)) = how {
                 s.finish(reason, stop);

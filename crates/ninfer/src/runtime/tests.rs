@@ -1,5 +1,6 @@
 //! Engine tests on a tiny random model: the batched scheduler gives the same tokens as a plain
-//! step-by-step loop, seeds reproduce, stop rules and limits end requests, cancellation frees slots.
+//! step-by-step loop, seeds reproduce, stop rules and limits end requests, cancellation frees slots,
+//! the KV pool bounds admission (requests wait for pages, oversized ones are refused).
 
 use super::*;
 use crate::artifact::Artifact;
@@ -106,4 +107,79 @@ fn full_queue_is_refused() {
     assert!(matches!(a.next(), Some(Event::Delta { .. })));
     let _b = e.stream(tokens(2, 3), long).unwrap();
     assert!(matches!(e.stream(tokens(3, 3), greedy(5)), Err(EngineError::QueueFull(1))));
+}
+
+#[test]
+fn requests_beyond_the_kv_pool_wait_then_run() {
+    // 6 pages of 16; each request reserves 8 + 40 = 48 positions (3 pages): two run at once
+    // although four slots are free.
+    let e = engine("rt-kv", EngineOptions { max_concurrency: 4, max_context: 64, kv_capacity: Some(96), ..Default::default() });
+    assert_eq!(e.kv_capacity(), 96);
+    let st = e.stats();
+    assert_eq!((st.kv_pages_total, st.kv_page_size, st.kv_pages_reserved, st.kv_pages_used), (6, 16, 0, 0));
+    let params = SamplingParams { ignore_eos: true, ..greedy(40) };
+    let prompts: Vec<Vec<u32>> = (0..5).map(|i| tokens(200 + i, 8)).collect();
+    let mut streams: Vec<_> = prompts.iter().map(|p| e.stream(p.clone(), params.clone()).unwrap()).collect();
+    let mut firsts = Vec::new();
+    for s in streams.iter_mut().take(2) {
+        firsts.push(s.next().unwrap());
+    }
+    // The first two produced tokens, so both are admitted; the other three wait for pages.
+    let st = e.stats();
+    assert_eq!((st.running, st.waiting, st.slots_used, st.kv_pages_reserved), (2, 3, 2, 6));
+    assert!(st.kv_pages_used <= st.kv_pages_reserved);
+    let mut together = Vec::new();
+    for (i, s) in streams.into_iter().enumerate() {
+        let head = if i < 2 { vec![firsts[i].clone()] } else { vec![] };
+        together.push(Completion::collect(head.into_iter().chain(s)).unwrap().token_ids);
+    }
+    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| e.generate(p.clone(), params.clone()).unwrap().token_ids).collect();
+    assert_eq!(together, alone);
+    assert!(together.iter().all(|t| t.len() == 40));
+    let st = e.stats();
+    assert_eq!((st.running, st.waiting, st.kv_pages_reserved, st.kv_pages_used), (0, 0, 0, 0));
+}
+
+#[test]
+fn a_request_larger_than_the_kv_pool_is_refused_at_submit() {
+    let e = engine("rt-kv-big", EngineOptions { max_concurrency: 2, max_context: 200, kv_capacity: Some(90), ..Default::default() });
+    // 90 positions round up to 6 pages of 16.
+    assert_eq!(e.kv_capacity(), 96);
+    let err = e.generate(tokens(1, 8), greedy(100)).unwrap_err();
+    assert!(
+        matches!(err, EngineError::ExceedsKvCapacity { prompt: 8, max_tokens: 100, needed: 108, capacity: 96 }),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("KV capacity is 96 tokens") && msg.contains("108"), "{msg}");
+    // A reservation is capped at the context limit: with a limit of 96 the same request fits.
+    let capped = engine("rt-kv-cap", EngineOptions { max_concurrency: 2, max_context: 96, kv_capacity: Some(96), ..Default::default() });
+    assert_eq!(capped.generate(tokens(1, 8), greedy(100)).unwrap().usage.prompt_tokens, 8);
+    assert!(matches!(
+        Engine::open(write_tiny("rt-kv-zero", &TinyOpts::default()), EngineOptions { device: Device::Cpu, kv_capacity: Some(0), ..Default::default() }),
+        Err(EngineError::Invalid(_))
+    ));
+    let st = e.stats();
+    assert_eq!((st.running, st.waiting, st.kv_pages_reserved), (0, 0, 0));
+}
+
+#[test]
+fn cancelling_releases_the_kv_reservation() {
+    // One request of 5 + 50 positions (4 pages) fills the pool, so the second can only start
+    // once the first's reservation is released.
+    let e = engine("rt-kv-cancel", EngineOptions { max_concurrency: 2, kv_capacity: Some(64), ..Default::default() });
+    let params = SamplingParams { ignore_eos: true, ..greedy(50) };
+    let mut a = e.stream(tokens(7, 5), params.clone()).unwrap();
+    // Tokens are sent during a step and the stats published after it: the second token proves
+    // the stats of the first step are out.
+    assert!(matches!(a.next(), Some(Event::Delta { .. })));
+    assert!(matches!(a.next(), Some(Event::Delta { .. })));
+    let st = e.stats();
+    assert_eq!((st.running, st.kv_pages_reserved, st.kv_pages_total, st.kv_pages_used), (1, 4, 4, 1));
+    let b = e.stream(tokens(8, 5), params).unwrap();
+    drop(a);
+    let c = Completion::collect(b).unwrap();
+    assert_eq!(c.usage.completion_tokens, 50);
+    let st = e.stats();
+    assert_eq!((st.running, st.waiting, st.slots_used, st.kv_pages_reserved, st.kv_pages_used), (0, 0, 0, 0, 0));
 }

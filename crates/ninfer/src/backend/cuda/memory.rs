@@ -1,6 +1,6 @@
 //! Device memory besides the weights, planned and allocated once at open (DESIGN.md §5, §6):
-//! sequence state (paged KV of the full-attention layers for every slot at the full context,
-//! GDN conv and recurrent state per slot) and the activation workspace of the largest pass.
+//! sequence state (the pool of KV pages of the full-attention layers that all slots share, GDN
+//! conv and recurrent state per slot) and the activation workspace of the largest pass.
 //! Sizes are computed first, so that a plan larger than the free memory fails with the numbers
 //! before anything is allocated.
 
@@ -15,7 +15,7 @@ use crate::model::{LayerKind, ModelConfig};
 use super::plan::MetaLayout;
 use super::{drv, BackendError};
 
-/// KV positions per page. Each slot owns a fixed run of pages covering the full context.
+/// KV positions per page; a slot takes pages from the pool as its sequence grows.
 pub(super) const PAGE: usize = 64;
 /// Rows of logits computed and copied back at a time.
 pub(super) const LOGIT_ROWS: usize = 64;
@@ -25,7 +25,10 @@ pub(super) const LOGIT_ROWS: usize = 64;
 pub(super) struct Dims {
     pub slots: usize,
     pub t_cap: usize,
+    /// Pages of one sequence at the full context (the block-table row length).
     pub pages: usize,
+    /// Pages of the pool, shared by all slots.
+    pub kv_pages: usize,
     pub h: usize,
     pub v: usize,
     pub cd: usize,
@@ -51,6 +54,7 @@ impl Dims {
             slots,
             t_cap,
             pages: max_context.div_ceil(PAGE),
+            kv_pages: slots * max_context.div_ceil(PAGE),
             h: c.hidden_size,
             v: c.vocab_size,
             cd: c.gdn_conv_dim(),
@@ -74,13 +78,18 @@ impl Dims {
         MetaLayout { t_cap: self.t_cap, s_cap: self.slots, pages: self.pages }
     }
 
-    /// KV cache rows of one layer (every slot's pages).
+    /// KV cache rows of one layer (every page of the pool).
     pub fn cache_rows(&self) -> usize {
-        self.slots * self.pages * PAGE
+        self.kv_pages * PAGE
     }
 
     fn kv_elems(&self) -> usize {
         self.cache_rows() * self.hkv * self.d
+    }
+
+    /// Bytes one page takes over all attention layers (K and V, bf16).
+    pub fn page_bytes(&self) -> usize {
+        self.attn_layers * 2 * PAGE * self.hkv * self.d * 2
     }
 
     fn conv_elems(&self) -> usize {
@@ -91,9 +100,9 @@ impl Dims {
         self.slots * self.hv * self.dk * self.dv
     }
 
-    /// Bytes of sequence state.
-    pub fn state_bytes(&self) -> usize {
-        self.attn_layers * 2 * self.kv_elems() * 2 + self.linear_layers * (self.conv_elems() * 2 + self.rec_elems() * 4)
+    /// Bytes of the GDN state of every slot.
+    pub fn gdn_bytes(&self) -> usize {
+        self.linear_layers * (self.conv_elems() * 2 + self.rec_elems() * 4)
     }
 
     fn proj_elems(&self) -> usize {

@@ -37,7 +37,7 @@ use ninfer_kernels::{
 use crate::artifact::Artifact;
 use crate::model::ModelConfig;
 
-use super::{Backend, BackendError, LaunchTime, RowLogits, SlotId, StepInput};
+use super::{Backend, BackendError, KvPool, LaunchTime, RowLogits, SlotId, StepInput};
 use forward::{body, fetch, head, run_pass, upload_tables, Ctx, Fetch};
 use memory::{alloc_tables, Dims, States, Workspace, LOGIT_ROWS, PAGE};
 use plan::{kv_bucket, pass_meta, split_passes, RowSpec, Want};
@@ -54,6 +54,9 @@ pub struct CudaOptions {
     /// Tokens of one forward pass (the activation workspace is sized for it); longer steps run
     /// as several passes.
     pub max_step_tokens: usize,
+    /// Positions of the KV pool all sequences share (rounded up to pages); None: every slot
+    /// can reach `max_context`, or what fits on the card if less.
+    pub kv_capacity: Option<usize>,
     /// Replay decode passes as CUDA graphs; off, every launch of every pass is issued from the
     /// host (slower; for comparison and debugging).
     pub graphs: bool,
@@ -61,7 +64,7 @@ pub struct CudaOptions {
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        CudaOptions { device: 0, max_slots: 4, max_context: 4096, max_step_tokens: 512, graphs: true }
+        CudaOptions { device: 0, max_slots: 4, max_context: 4096, max_step_tokens: 512, kv_capacity: None, graphs: true }
     }
 }
 
@@ -139,6 +142,9 @@ fn check_limits(c: &ModelConfig) -> Result<(), BackendError> {
     }
 }
 
+/// Device memory left to the driver after the plan (graph instantiation, module data, etc.).
+const KV_MARGIN: usize = 1 << 30;
+
 fn gb(b: usize) -> f64 {
     b as f64 / 1e9
 }
@@ -156,6 +162,9 @@ pub struct CudaBackend {
     tables: CudaSlice<i32>,
     /// Tokens in each slot's sequence; None for a free slot.
     lens: Vec<Option<usize>>,
+    /// The pool pages each slot holds, in position order, and the free pages.
+    slot_pages: Vec<Vec<u32>>,
+    free_pages: Vec<u32>,
     max_context: usize,
     graphs_on: bool,
     /// Captured decode passes by (sequence count, KV bucket).
@@ -185,23 +194,44 @@ impl CudaBackend {
         let name = format!("cuda:{} {}", opts.device, ks.device_name());
         let max_context = opts.max_context.min(config.max_position_embeddings);
         let sample_words = ks.sample_workspace_len(LOGIT_ROWS).map_err(kern)?;
-        let dims = Dims::new(&config, opts.max_slots, max_context, opts.max_step_tokens, sample_words);
+        let mut dims = Dims::new(&config, opts.max_slots, max_context, opts.max_step_tokens, sample_words);
         let plan = weights::plan(art, &config)?;
-        let (w, s, a) = (plan.bytes(), dims.state_bytes(), dims.workspace_bytes());
+        let (w, g, a) = (plan.bytes(), dims.gdn_bytes(), dims.workspace_bytes());
+        let per_page = dims.page_bytes().max(1);
         let (free, total) = ctx.mem_get_info().map_err(drv("reading free GPU memory"))?;
-        if w + s + a > free {
-            return Err(BackendError::Model(format!(
-                "the model needs {:.2} GB on {name} (weights {:.2} GB, sequence state {:.2} GB for {} slots of {} tokens, \
-                 workspace {:.2} GB) but only {:.2} GB of {:.2} GB are free: lower the concurrency or the context",
-                gb(w + s + a),
+        let fixed = w + g + a;
+        // What the KV pool may take: all that is free past the rest, less a margin for the
+        // driver's own allocations (graphs, module data) made after this point.
+        let room = free.saturating_sub(fixed + KV_MARGIN);
+        let fits = room / per_page;
+        let need = |pages: usize| {
+            BackendError::Model(format!(
+                "the model needs {:.2} GB on {name} (weights {:.2} GB, GDN state {:.2} GB for {} slots, workspace {:.2} GB, \
+                 KV pool {:.2} GB for {} tokens) but only {:.2} GB of {:.2} GB are free: lower the concurrency, the context \
+                 or the KV capacity",
+                gb(fixed + pages * per_page),
                 gb(w),
-                gb(s),
+                gb(g),
                 opts.max_slots,
-                max_context,
                 gb(a),
+                gb(pages * per_page),
+                pages * PAGE,
                 gb(free),
                 gb(total)
-            )));
+            ))
+        };
+        dims.kv_pages = match opts.kv_capacity {
+            // auto: every slot can reach the full context, or as many pages as fit when that
+            // is more than the card holds, as long as one sequence can reach the full context.
+            None if dims.attn_layers == 0 => dims.slots * dims.pages,
+            None => (dims.slots * dims.pages).min(fits),
+            Some(tokens) => tokens.div_ceil(PAGE),
+        };
+        // An explicit capacity below one full-context sequence is the caller's choice (the
+        // runtime refuses requests that need more); auto must hold at least one.
+        let least = if opts.kv_capacity.is_some() { 1 } else { dims.pages };
+        if dims.attn_layers > 0 && (dims.kv_pages > fits || dims.kv_pages < least) {
+            return Err(need(dims.kv_pages.max(least)));
         }
         // A stream of our own: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(drv("creating a CUDA stream"))?;
@@ -222,6 +252,9 @@ impl CudaBackend {
             ws,
             tables,
             lens: vec![None; opts.max_slots],
+            slot_pages: vec![Vec::new(); opts.max_slots],
+            // Popped from the end: a new sequence takes the lowest pages first.
+            free_pages: (0..dims.kv_pages as u32).rev().collect(),
             max_context,
             graphs_on: opts.graphs,
             graphs: HashMap::new(),
@@ -253,7 +286,21 @@ impl CudaBackend {
             }
             specs.push(RowSpec { slot: r.slot.0, have, n: r.tokens.len(), all_logits: r.all_logits });
         }
+        let needed: usize = specs.iter().map(|r| (r.have + r.n).div_ceil(PAGE).saturating_sub(self.slot_pages[r.slot as usize].len())).sum();
+        if needed > self.free_pages.len() {
+            return Err(BackendError::KvFull { needed, free: self.free_pages.len(), total: self.dims.kv_pages });
+        }
         Ok(specs)
+    }
+
+    /// Gives every row's slot the pages its new tokens need (validated to be free).
+    fn take_pages(&mut self, specs: &[RowSpec]) {
+        for r in specs {
+            let held = &mut self.slot_pages[r.slot as usize];
+            while held.len() < (r.have + r.n).div_ceil(PAGE) {
+                held.push(self.free_pages.pop().expect("validate checked the free pages"));
+            }
+        }
     }
 }
 
@@ -276,7 +323,12 @@ impl Backend for CudaBackend {
     fn free_slot(&mut self, slot: SlotId) {
         if let Some(l) = self.lens.get_mut(slot.0 as usize) {
             *l = None;
+            self.free_pages.append(&mut self.slot_pages[slot.0 as usize]);
         }
+    }
+
+    fn kv_pool(&self) -> KvPool {
+        KvPool { page_size: PAGE, pages: self.dims.kv_pages, used: self.dims.kv_pages - self.free_pages.len() }
     }
 
     fn slot_len(&self, slot: SlotId) -> Result<usize, BackendError> {
@@ -298,6 +350,7 @@ impl Backend for CudaBackend {
 impl CudaBackend {
     fn run_step(&mut self, rows: &[StepInput<'_>], prof: Option<&std::cell::RefCell<profile::Profiler>>) -> Result<Vec<RowLogits>, BackendError> {
         let specs = self.validate(rows)?;
+        self.take_pages(&specs);
         let v = self.config.vocab_size;
         let mut outs: Vec<RowLogits> = rows.iter().map(|_| RowLogits { rows: 0, values: Vec::new(), token: None }).collect();
         let cx = Ctx {
@@ -321,7 +374,8 @@ impl CudaBackend {
             let graph = self.graphs_on && prof.is_none() && pass.is_decode() && pass.segs.len() <= LOGIT_ROWS;
             let max_kv = pass.segs.iter().map(|s| s.pos0 + s.n).max().unwrap_or(0);
             let pad = graph.then(|| kv_bucket(max_kv, kv_cap));
-            let meta = pass_meta(&layout, PAGE, &pass, pad, |s| &rows[s.row].tokens[s.tok0..s.tok0 + s.n]);
+            let slot_pages = &self.slot_pages;
+            let meta = pass_meta(&layout, PAGE, &pass, pad, |s| &rows[s.row].tokens[s.tok0..s.tok0 + s.n], |slot| &slot_pages[slot as usize]);
             let n = meta.logit_rows.len();
             let (mut logits, mut tokens) = (Vec::new(), Vec::new());
             let mut out = if argmax {

@@ -154,17 +154,19 @@ pub(crate) fn kv_bucket(max_kv: usize, cap: usize) -> usize {
     max_kv.next_power_of_two().max(512).min(cap).max(max_kv)
 }
 
-/// Fills the tables of `pass`: `tokens_of(seg)` gives the segment's token ids. KV rows follow the
-/// fixed page assignment of the pool: slot s owns pages `s·pages .. (s+1)·pages`, so position p
-/// of slot s lives in cache row `s·pages·page_size + p`. `kv_pad`, when given (a graph's bucket,
-/// at most the slot's pages), replaces the longest KV length of the launches and sizes the
-/// block table.
-pub(crate) fn pass_meta<'t>(
+/// Fills the tables of `pass`: `tokens_of(seg)` gives the segment's token ids and `pages_of(slot)`
+/// the pool pages the slot holds, in position order (enough for every token of the pass):
+/// position p of a slot lives in cache row `pages[p / page_size]·page_size + p % page_size`.
+/// `kv_pad`, when given (a graph's bucket, at most `layout.pages` pages), replaces the longest
+/// KV length of the launches and sizes the block table; the entries past a slot's own pages
+/// repeat its first page (never read: attention stops at each sequence's length).
+pub(crate) fn pass_meta<'t, 'p>(
     layout: &MetaLayout,
     page_size: usize,
     pass: &Pass,
     kv_pad: Option<usize>,
     tokens_of: impl Fn(&Seg) -> &'t [u32],
+    pages_of: impl Fn(u32) -> &'p [u32],
 ) -> PassMeta {
     let mut d = vec![0i32; layout.len()];
     let (mut t, mut max_q, mut max_kv) = (0usize, 0usize, 0usize);
@@ -177,7 +179,8 @@ pub(crate) fn pass_meta<'t>(
             let pos = seg.pos0 + j;
             d[layout.ids() + t + j] = id as i32;
             d[layout.pos() + t + j] = pos as i32;
-            d[layout.kv_rows() + t + j] = (seg.slot as usize * layout.pages * page_size + pos) as i32;
+            let page = pages_of(seg.slot)[pos / page_size] as usize;
+            d[layout.kv_rows() + t + j] = (page * page_size + pos % page_size) as i32;
         }
         match seg.want {
             Want::None => {}
@@ -207,8 +210,9 @@ pub(crate) fn pass_meta<'t>(
     }
     let bt_stride = max_kv.div_ceil(page_size).max(1);
     for (s, seg) in pass.segs.iter().enumerate() {
+        let pages = pages_of(seg.slot);
         for p in 0..bt_stride {
-            d[layout.block_table() + s * bt_stride + p] = (seg.slot as usize * layout.pages + p) as i32;
+            d[layout.block_table() + s * bt_stride + p] = *pages.get(p).unwrap_or(&pages[0]) as i32;
         }
     }
     PassMeta { data: d, seqs, tokens: t, max_q, max_kv, bt_stride, logit_rows }
@@ -254,12 +258,14 @@ mod tests {
         let toks: Vec<Vec<u32>> = vec![vec![7], vec![10, 11, 12], vec![20, 21]];
         let rows = [row(2, 130, 1, false), row(0, 0, 3, true), row(1, 64, 2, false)];
         let pass = split_passes(&rows, 8).remove(0);
-        let m = pass_meta(&layout, 64, &pass, None, |s| &toks[s.row][s.tok0..s.tok0 + s.n]);
+        // Slot s holds pages 4s, 4s + 1, ... of the pool.
+        let pages: Vec<Vec<u32>> = (0..3).map(|s| (0..4).map(|p| 4 * s + p).collect()).collect();
+        let m = pass_meta(&layout, 64, &pass, None, |s| &toks[s.row][s.tok0..s.tok0 + s.n], |slot| &pages[slot as usize]);
         let d = &m.data;
         assert_eq!((m.seqs, m.tokens, m.max_q, m.max_kv), (3, 6, 3, 131));
         assert_eq!(&d[..6], &[7, 10, 11, 12, 20, 21]);
         assert_eq!(&d[8..14], &[130, 0, 1, 2, 64, 65]);
-        // Slot s owns rows s·4·64.. of the cache.
+        // Slot s's rows start at 4s·64.
         assert_eq!(&d[16..22], &[2 * 256 + 130, 0, 1, 2, 256 + 64, 256 + 65]);
         // Logit rows: the decode row, every prompt position, the last of the third row.
         assert_eq!(m.logit_rows, vec![(0, 0), (1, 0), (1, 1), (1, 2), (2, 1)]);
@@ -267,7 +273,7 @@ mod tests {
         assert_eq!(&d[40..44], &[0, 1, 4, 6]);
         assert_eq!(&d[44..47], &[2, 0, 1]);
         assert_eq!(&d[47..50], &[131, 3, 66]);
-        // 131 positions need 3 pages of 64; row s of the table lists slot s's first pages.
+        // 131 positions need 3 pages of 64; row s of the table lists slot s's pages.
         assert_eq!(m.bt_stride, 3);
         assert_eq!(&d[50..59], &[8, 9, 10, 0, 1, 2, 4, 5, 6]);
         // The zero ids stay zero (the shared expert's id table when it runs on its own).
@@ -285,11 +291,16 @@ mod tests {
         assert_eq!(bucket, 1024);
         assert_eq!(kv_bucket(3, 1024), 512);
         assert_eq!(kv_bucket(900, 960), 960);
-        let m = pass_meta(&layout, 64, &pass, Some(bucket), |s| &toks[s.row][s.tok0..s.tok0 + s.n]);
+        // Pages come from the pool in any order.
+        let pages: Vec<Vec<u32>> = vec![vec![9, 3], vec![], vec![5, 0, 7, 1, 2, 4, 6, 8, 10, 11]];
+        let m = pass_meta(&layout, 64, &pass, Some(bucket), |s| &toks[s.row][s.tok0..s.tok0 + s.n], |slot| &pages[slot as usize]);
         assert_eq!((m.max_kv, m.bt_stride), (1024, 16));
-        // The true lengths stay in the table; the padded block-table rows list the slot's pages.
+        // The true lengths stay in the table; KV rows follow each slot's pages.
         assert_eq!(&m.data[layout.kv_len()..layout.kv_len() + 2], &[101, 601]);
+        assert_eq!(&m.data[layout.kv_rows()..layout.kv_rows() + 2], &[3 * 64 + 36, 11 * 64 + 24]);
+        // Block-table rows list the slot's pages, then repeat its first page up to the bucket.
         let bt = &m.data[layout.block_table()..];
-        assert_eq!(&bt[16..20], &[32, 33, 34, 35]);
+        assert_eq!(&bt[..4], &[9, 3, 9, 9]);
+        assert_eq!(&bt[16..28], &[5, 0, 7, 1, 2, 4, 6, 8, 10, 11, 5, 5]);
     }
 }

@@ -73,7 +73,7 @@ fn follows_the_cpu_reference() {
     // Shared expert fused with the banks (same width), none, and one of another width.
     for shared in [32, 0, 16] {
         let art = artifact(&format!("cuda-ref{shared}"), shared);
-        let mut cpu = CpuBackend::open(&art, CpuOptions { max_slots: 1, max_context: 256, mtp: false }).unwrap();
+        let mut cpu = CpuBackend::open(&art, CpuOptions { max_slots: 1, max_context: 256, mtp: false, kv_capacity: None }).unwrap();
         let opts = CudaOptions { max_slots: 1, max_context: 256, max_step_tokens: 16, ..CudaOptions::default() };
         let mut gpu = CudaBackend::open(&art, opts).unwrap();
         assert!(gpu.name().starts_with("cuda:0 "), "{}", gpu.name());
@@ -174,6 +174,47 @@ fn slots_reset_and_bad_rows_fail_first() {
     assert_eq!((gpu.slot_len(b).unwrap(), gpu.slot_len(c).unwrap()), (0, 12));
     let empty = gpu.step(&[row(b, &[], true)]).unwrap();
     assert_eq!((empty[0].rows, empty[0].values.len()), (0, 0));
+}
+
+#[test]
+fn kv_pool_pages_follow_the_sequences() {
+    if !gpu_present() {
+        return;
+    }
+    // Pages of 64 positions; a pool of 5 pages (320 positions) shared by 3 slots of 256.
+    let art = artifact("cuda-pool", 32);
+    let opts = CudaOptions { max_slots: 3, max_context: 256, max_step_tokens: 64, kv_capacity: Some(300), ..CudaOptions::default() };
+    let mut gpu = CudaBackend::open(&art, opts).unwrap();
+    assert_eq!(gpu.kv_pool(), KvPool { page_size: 64, pages: 5, used: 0 });
+    let mut alone = CudaBackend::open(&art, CudaOptions { max_slots: 1, kv_capacity: None, ..opts }).unwrap();
+    // Two sequences grow in turns, so each one's pages are scattered through the pool.
+    let (a, b) = (gpu.alloc_slot().unwrap(), gpu.alloc_slot().unwrap());
+    let (pa, pb) = (tokens(51, 100), tokens(52, 70));
+    gpu.step(&[row(a, &pa[..50], false)]).unwrap();
+    gpu.step(&[row(b, &pb, false)]).unwrap();
+    let got = gpu.step(&[row(a, &pa[50..], true)]).unwrap().remove(0);
+    assert_eq!(gpu.kv_pool().used, 4);
+    let s = alone.alloc_slot().unwrap();
+    alone.step(&[row(s, &pa[..50], false)]).unwrap();
+    let want = alone.step(&[row(s, &pa[50..], true)]).unwrap().remove(0);
+    let e = worst(&row_errs(&got.values, &want.values));
+    assert!(e < SELF_TOL, "scattered pages vs contiguous: {e:.2e}");
+    // 2 more pages for slot c do not fit next to 4 used: refused before anything changes.
+    let c = gpu.alloc_slot().unwrap();
+    let err = gpu.step(&[row(c, &tokens(53, 65), false)]).unwrap_err();
+    assert!(matches!(err, BackendError::KvFull { needed: 2, free: 1, total: 5 }), "{err}");
+    assert_eq!((gpu.slot_len(c).unwrap(), gpu.kv_pool().used), (0, 4));
+    // Freeing a slot gives its pages back.
+    gpu.free_slot(b);
+    assert_eq!(gpu.kv_pool().used, 2);
+    gpu.step(&[row(c, &tokens(53, 65), false)]).unwrap();
+    assert_eq!(gpu.kv_pool().used, 4);
+    // A pool smaller than one full-context sequence opens (the runtime refuses what cannot fit);
+    // one larger than the card cannot.
+    let small = CudaBackend::open(&art, CudaOptions { kv_capacity: Some(100), ..opts }).unwrap();
+    assert_eq!(small.kv_pool().pages, 2);
+    let huge = CudaOptions { kv_capacity: Some(1 << 40), ..opts };
+    assert!(matches!(CudaBackend::open(&art, huge), Err(BackendError::Model(m)) if m.contains("are free")));
 }
 
 #[test]
