@@ -35,6 +35,14 @@ pub enum KernelError {
         symbol: &'static str,
         source: DriverError,
     },
+    #[error("launching {kernel} ({grid:?} blocks of {block:?}, {smem} bytes of shared memory): {source}")]
+    Launch {
+        kernel: &'static str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        source: DriverError,
+    },
     #[error("kernel module {0} is not embedded in this build")]
     MissingModule(&'static str),
     #[error("{kernel}: {msg}")]
@@ -124,7 +132,7 @@ impl KernelSet {
         builder.arg(args);
         // SAFETY: each launcher checked the buffer sizes, shapes and alignment the kernel's
         // contract requires, and `A` mirrors the kernel's parameter struct field for field.
-        unsafe { builder.launch(cfg) }?;
+        unsafe { builder.launch(cfg) }.map_err(|e| launch_error(kernel, cfg, e))?;
         Ok(())
     }
 
@@ -140,9 +148,15 @@ impl KernelSet {
         let mut builder = stream.launch_builder(func);
         builder.arg(args);
         // SAFETY: as in `launch_struct`; the caller sized the grid from the kernel's occupancy.
-        unsafe { builder.launch_cooperative(cfg) }?;
+        unsafe { builder.launch_cooperative(cfg) }.map_err(|e| launch_error(kernel, cfg, e))?;
         Ok(())
     }
+}
+
+/// A failed launch names the kernel and its launch shape: a config error (a grid the device
+/// refuses, say) is then found without a debugger.
+fn launch_error(kernel: Kernel, cfg: LaunchConfig, source: DriverError) -> KernelError {
+    KernelError::Launch { kernel: kernel.symbol(), grid: cfg.grid_dim, block: cfg.block_dim, smem: cfg.shared_mem_bytes, source }
 }
 
 /// Marks a `#[repr(C)]` argument struct as passable to a kernel; its size is asserted here and
