@@ -16,7 +16,8 @@
 //   I..2I-1 the up projection ([E, 2I, H] as stored), so m.rows = 2I.
 //   g = bf16(x[t] . W[e][j]), u = bf16(x[t] . W[e][I + j]),
 //   out[s, j] = bf16(bf16(silu(g)) * u)   (transformers' bf16 roundings), out dense [S, I].
-//   An id outside [0, E) gives a zero row. Launch: block 256, grid (ceil(I / 8), S).
+//   An id outside [0, E) gives a zero row. Launch: block 256, grid (S, ceil(I / 8)) (slots on
+//   x: a prompt pass of T tokens has T * (topk + 1) of them, more than grid y's 65,535).
 //
 // ninfer_moe_down_<enc>
 //   r[t, n] = sum_{j<topk} w[t*topk+j] * (in[t*topk+j] . W[ids[t*topk+j]][n])
@@ -25,7 +26,7 @@
 //   weight is its sigmoid gate). y[t, n] = r (accumulate = 0) or y + r (accumulate = 1; for bf16
 //   y = bf16(y + bf16(r)), the residual add in the model dtype). Each output is produced by one
 //   warp (no atomics), so results are deterministic. Launch: block 256,
-//   grid (ceil(H / 8), tokens).
+//   grid (tokens, ceil(H / 8)).
 #include "quant.cuh"
 
 struct GemvArgs {
@@ -126,11 +127,11 @@ template <typename Enc>
 __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
     constexpr int CH = Enc::CHUNK;
     const int lane = threadIdx.x & 31;
-    const int s = blockIdx.y;
+    const int s = blockIdx.x;
     const bool shared = s >= a.tokens * a.topk;
     const Mat m = shared ? a.shared : a.bank;
     const int inter = m.rows / 2;
-    const int j = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int j = blockIdx.y * 8 + (threadIdx.x >> 5);
     if (j >= inter) return;
     const int t = shared ? s - a.tokens * a.topk : s / a.topk;
     const int e = shared ? 0 : __ldg(a.ids + s);
@@ -178,8 +179,8 @@ template <typename Enc>
 __device__ __forceinline__ void down_body(const BankArgs& a) {
     constexpr int CH = Enc::CHUNK;
     const int lane = threadIdx.x & 31;
-    const int t = blockIdx.y;
-    const int n = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int t = blockIdx.x;
+    const int n = blockIdx.y * 8 + (threadIdx.x >> 5);
     if (n >= a.bank.rows) return;
     const int nchunks = a.bank.cols / CH;
     const int routed = a.topk;

@@ -399,9 +399,10 @@ impl KernelSet {
             pad: 0,
         };
         let cfg = LaunchConfig {
+            // Slots on x: a prompt pass has tokens × (topk + 1) of them, past y's 65,535.
             grid_dim: (
-                blocks(inter, ROWS_PER_BLOCK),
                 c.i32("slots", slots)? as u32,
+                blocks(inter, ROWS_PER_BLOCK),
                 1,
             ),
             block_dim: (256, 1, 1),
@@ -474,8 +475,8 @@ impl KernelSet {
         };
         let cfg = LaunchConfig {
             grid_dim: (
-                blocks(bank.rows, ROWS_PER_BLOCK),
                 c.i32("tokens", tokens)? as u32,
+                blocks(bank.rows, ROWS_PER_BLOCK),
                 1,
             ),
             block_dim: (256, 1, 1),

@@ -127,6 +127,7 @@ impl KernelSet {
         cfg: LaunchConfig,
         args: &A,
     ) -> Result<()> {
+        check_grid(kernel, &cfg)?;
         let func = self.function(kernel);
         let mut builder = stream.launch_builder(func);
         builder.arg(args);
@@ -144,6 +145,7 @@ impl KernelSet {
         cfg: LaunchConfig,
         args: &A,
     ) -> Result<()> {
+        check_grid(kernel, &cfg)?;
         let func = self.function(kernel);
         let mut builder = stream.launch_builder(func);
         builder.arg(args);
@@ -151,6 +153,15 @@ impl KernelSet {
         unsafe { builder.launch_cooperative(cfg) }.map_err(|e| launch_error(kernel, cfg, e))?;
         Ok(())
     }
+}
+
+/// The grid limits of every CUDA device since compute capability 3.0: x below 2^31, y and z at
+/// most 65,535. A launch past them fails with an unnamed "invalid argument"; this names it.
+fn check_grid(kernel: Kernel, cfg: &LaunchConfig) -> Result<()> {
+    let (x, y, z) = cfg.grid_dim;
+    Check::new(kernel).ensure(x >= 1 && x < (1 << 31) && (1..=65_535).contains(&y) && (1..=65_535).contains(&z), || {
+        format!("grid ({x}, {y}, {z}) outside the device limits (x < 2^31, y and z at most 65,535)")
+    })
 }
 
 /// A failed launch names the kernel and its launch shape: a config error (a grid the device

@@ -156,6 +156,12 @@ fn expert_banks_model_shapes() {
 }
 
 #[test]
+fn expert_banks_long_prompt_pass() {
+    // 7,300 tokens of top-8 plus the shared expert: 65,700 slots, past a grid's y limit.
+    bank_case(Enc::Nvfp4, 16, 32, 64, 7300, 8, true, 430);
+}
+
+#[test]
 fn gate_up_zeroes_invalid_expert_ids() {
     let Some(g) = gpu() else { return };
     let s = g.stream();
