@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use ninfer::artifact::Artifact;
 use ninfer::backend::cpu::{CpuBackend, CpuOptions};
-use ninfer::backend::{Backend, SlotId, StepInput};
+use ninfer::backend::{Backend, Pick, SampleSpec, SlotId, StepInput};
 use ninfer::runtime::{Device, Engine, EngineError, EngineOptions, Event, SamplingParams};
 use ninfer::tokenizer::Tokenizer;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -353,7 +353,7 @@ impl PyRunner {
         let out = py
             .detach(|| {
                 let mut b = self.backend.lock().unwrap_or_else(|p| p.into_inner());
-                b.step(&[StepInput { slot: SlotId(slot), tokens: &tokens, all_logits, argmax: false }])
+                b.step(&[StepInput { slot: SlotId(slot), tokens: &tokens, all_logits, pick: Pick::Logits }])
             })
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let values = &out[0].values;
@@ -366,7 +366,7 @@ impl PyRunner {
         let (_, times) = py
             .detach(|| {
                 let mut b = self.backend.lock().unwrap_or_else(|p| p.into_inner());
-                b.profile_step(&[StepInput { slot: SlotId(slot), tokens: &tokens, all_logits: false, argmax: true }])
+                b.profile_step(&[StepInput { slot: SlotId(slot), tokens: &tokens, all_logits: false, pick: Pick::Argmax }])
             })
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(times.into_iter().map(|t| (t.label, t.ms, t.bytes)).collect())
@@ -378,7 +378,7 @@ impl PyRunner {
         let mut out = py
             .detach(|| {
                 let mut b = self.backend.lock().unwrap_or_else(|p| p.into_inner());
-                b.step(&[StepInput { slot: SlotId(slot), tokens: &tokens, all_logits: false, argmax: true }])
+                b.step(&[StepInput { slot: SlotId(slot), tokens: &tokens, all_logits: false, pick: Pick::Argmax }])
             })
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let row = out.remove(0);
@@ -386,6 +386,25 @@ impl PyRunner {
             Some(t) => t,
             None => ninfer::runtime::sampler::argmax(&row.values[row.values.len() - self.vocab()..]),
         })
+    }
+
+    /// Feeds `tokens` and returns a token drawn from the last position's logits by the
+    /// backend's own sampler with uniform number `u` (`Pick::Sample`); only backends that pick
+    /// tokens on their device (CUDA) can.
+    #[pyo3(signature = (slot, tokens, u, temperature = 1.0, top_k = 0, top_p = 1.0, min_p = 0.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn step_sample(&self, py: Python<'_>, slot: u32, tokens: Vec<u32>, u: f32, temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> PyResult<u32> {
+        let pick = Pick::Sample(SampleSpec { temperature, top_k, top_p, min_p, u });
+        let mut out = py
+            .detach(|| {
+                let mut b = self.backend.lock().unwrap_or_else(|p| p.into_inner());
+                if !b.picks_tokens() {
+                    return Err(format!("the {} backend does not pick tokens on its device", b.name()));
+                }
+                b.step(&[StepInput { slot: SlotId(slot), tokens: &tokens, all_logits: false, pick }]).map_err(|e| e.to_string())
+            })
+            .map_err(PyValueError::new_err)?;
+        out.remove(0).token.ok_or_else(|| PyValueError::new_err("the backend returned logits for a sampled row"))
     }
 }
 

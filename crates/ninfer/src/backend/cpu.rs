@@ -220,6 +220,7 @@ impl Backend for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Pick;
     use crate::model::testutil::{tokens, write_tiny, TinyOpts, HIDDEN, VOCAB};
 
     fn open(tag: &str, opts: CpuOptions, tiny: TinyOpts) -> CpuBackend {
@@ -230,7 +231,7 @@ mod tests {
     }
 
     fn row<'a>(slot: SlotId, tokens: &'a [u32], all_logits: bool) -> StepInput<'a> {
-        StepInput { slot, tokens, all_logits, argmax: false }
+        StepInput { slot, tokens, all_logits, pick: Pick::Logits }
     }
 
     #[test]

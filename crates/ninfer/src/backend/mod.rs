@@ -63,13 +63,36 @@ pub struct StepInput<'a> {
     pub tokens: &'a [u32],
     /// Logits for every position of `tokens` (golden tests, perplexity) instead of the last only.
     pub all_logits: bool,
-    /// The caller needs only the argmax of the last position (greedy decoding without logprobs
-    /// or penalties): a backend may return it as `RowLogits::token` instead of the logits.
-    pub argmax: bool,
+    /// What the caller does with the last position's logits; a backend that picks tokens on
+    /// its device may return the token (`RowLogits::token`) instead of the logits.
+    pub pick: Pick,
 }
 
-/// Logits of one row: `rows` × vocab values, row-major; or, for an `argmax` row of a backend
-/// that reduces on its device, `token` with no values.
+/// How the caller turns a row's last logits into a token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pick {
+    /// It needs the logits (penalties, logprobs, golden tests).
+    Logits,
+    /// Their argmax (greedy decoding).
+    Argmax,
+    /// A token drawn from their filtered softmax with a uniform number it drew.
+    Sample(SampleSpec),
+}
+
+/// The filters and the draw of `Pick::Sample`, as runtime/sampler.rs defines them: softmax at
+/// `temperature` over the top-k (0: all), top-p (1: all) and min-p (0: all) survivors; the token
+/// is where the running mass of the kept tokens first exceeds `u` times their total.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleSpec {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub u: f32,
+}
+
+/// Logits of one row: `rows` × vocab values, row-major; or, for a row whose pick a backend
+/// makes on its device, `token` with no values.
 #[derive(Debug, Clone)]
 pub struct RowLogits {
     pub rows: usize,
@@ -92,6 +115,11 @@ pub trait Backend: Send {
     /// with `KvFull` before any state changes; the scheduler reserves pages so that it never
     /// does.
     fn kv_pool(&self) -> KvPool;
+    /// Whether `Pick::Argmax` and `Pick::Sample` rows come back as tokens (picked on the device)
+    /// rather than logits.
+    fn picks_tokens(&self) -> bool {
+        false
+    }
     /// Runs the model over every row (each row's tokens continue its own sequence) and returns the
     /// logits of each row in order.
     fn step(&mut self, rows: &[StepInput<'_>]) -> Result<Vec<RowLogits>, BackendError>;

@@ -5,6 +5,8 @@
 //! then top-k, top-p and min-p filtering, then a draw. Temperature 0 is greedy (argmax).
 
 use rand::rngs::StdRng;
+
+use crate::backend::{Pick, SampleSpec};
 use rand::{RngExt, SeedableRng};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -143,20 +145,23 @@ impl Sampler {
         }
     }
 
-    /// The next token is the plain argmax of the logits: greedy, no penalties, no logprobs. A
-    /// backend may then reduce the logits on its device and hand over the token (`accept`).
-    pub fn argmax_suffices(&self) -> bool {
+    /// How a backend that picks tokens on its device may pick the next one: by argmax or a draw
+    /// with a uniform number taken from this sampler's generator, when neither penalties nor
+    /// logprobs need the logits on the host. The token then comes back through `accept`.
+    pub fn device_pick(&mut self) -> Pick {
         let p = &self.params;
-        p.is_greedy()
-            && p.logprobs.is_none()
-            && p.presence_penalty == 0.0
-            && p.frequency_penalty == 0.0
-            && p.repetition_penalty == 1.0
+        if p.logprobs.is_some() || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0 {
+            return Pick::Logits;
+        }
+        if p.is_greedy() {
+            return Pick::Argmax;
+        }
+        let (temperature, top_k, top_p, min_p) = (p.temperature, p.top_k, p.top_p, p.min_p);
+        Pick::Sample(SampleSpec { temperature, top_k, top_p, min_p, u: self.rng.random::<f32>() })
     }
 
-    /// Takes a token the backend chose by argmax, for a sampler whose `argmax_suffices`.
+    /// Takes a token the backend picked as `device_pick` asked.
     pub fn accept(&mut self, token: u32) -> (u32, Option<TokenLogprob>) {
-        debug_assert!(self.argmax_suffices());
         self.observe(token);
         (token, None)
     }
@@ -260,6 +265,27 @@ mod tests {
 
     fn params(t: f32) -> SamplingParams {
         SamplingParams { temperature: t, ..Default::default() }
+    }
+
+    #[test]
+    fn device_picks_leave_the_logits_on_the_device_only_when_nothing_else_needs_them() {
+        assert_eq!(Sampler::new(params(0.0)).device_pick(), Pick::Argmax);
+        assert_eq!(Sampler::new(SamplingParams { logprobs: Some(2), ..params(0.0) }).device_pick(), Pick::Logits);
+        assert_eq!(Sampler::new(SamplingParams { repetition_penalty: 1.1, ..params(0.7) }).device_pick(), Pick::Logits);
+        assert_eq!(Sampler::new(SamplingParams { presence_penalty: 0.5, ..params(0.7) }).device_pick(), Pick::Logits);
+        // A draw carries the filters and a uniform number from the seeded generator.
+        let draws = |seed| {
+            let mut s = Sampler::new(SamplingParams { top_k: 5, top_p: 0.9, min_p: 0.1, seed: Some(seed), ..params(0.7) });
+            (0..4).map(|_| s.device_pick()).collect::<Vec<_>>()
+        };
+        let a = draws(3);
+        assert_eq!(a, draws(3));
+        assert_ne!(a, draws(4));
+        for p in &a {
+            let Pick::Sample(spec) = p else { panic!("{p:?}") };
+            assert_eq!((spec.temperature, spec.top_k, spec.top_p, spec.min_p), (0.7, 5, 0.9, 0.1));
+            assert!((0.0..1.0).contains(&spec.u));
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use super::request::{Event, FinishReason, Request, Usage};
 use super::sampler::{Sampler, TokenLogprob};
 use super::stop::{StopMatcher, StopScan};
-use crate::backend::{Backend, KvPool, SlotId, StepInput};
+use crate::backend::{Backend, KvPool, Pick, SlotId, StepInput};
 use crate::tokenizer::{Detokenizer, Tokenizer};
 
 /// Counters read by `/metrics` and `doctor`.
@@ -226,11 +226,14 @@ fn step(backend: &mut dyn Backend, running: &mut Vec<Sequence>, limits: &Limits)
             rows.push((i, vec![*s.generated.last().expect("a generating sequence has a token")]));
         }
     }
+    let picks = backend.picks_tokens();
     let inputs: Vec<StepInput> = rows
         .iter()
         .map(|(i, t)| {
-            let s = &running[*i];
-            StepInput { slot: s.slot, tokens: t, all_logits: false, argmax: s.sampler.argmax_suffices() }
+            let s = &mut running[*i];
+            // A prompt chunk that does not end the prompt produces no token.
+            let pick = if picks && s.fed + t.len() >= s.req.prompt.len() { s.sampler.device_pick() } else { Pick::Logits };
+            StepInput { slot: s.slot, tokens: t, all_logits: false, pick }
         })
         .collect();
     let result = backend.step(&inputs);

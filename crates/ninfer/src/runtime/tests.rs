@@ -5,7 +5,7 @@
 use super::*;
 use crate::artifact::Artifact;
 use crate::backend::cpu::{CpuBackend, CpuOptions};
-use crate::backend::{Backend, StepInput};
+use crate::backend::{Backend, Pick, StepInput};
 use crate::model::testutil::{tokens, write_tiny, TinyOpts};
 use crate::runtime::sampler::argmax;
 
@@ -26,7 +26,7 @@ fn reference_greedy(path: &std::path::Path, prompt: &[u32], n: usize) -> Vec<u32
     let mut out = Vec::new();
     let mut feed = prompt.to_vec();
     for _ in 0..n {
-        let l = b.step(&[StepInput { slot, tokens: &feed, all_logits: false, argmax: false }]).unwrap().remove(0);
+        let l = b.step(&[StepInput { slot, tokens: &feed, all_logits: false, pick: Pick::Logits }]).unwrap().remove(0);
         let t = argmax(&l.values);
         out.push(t);
         feed = vec![t];

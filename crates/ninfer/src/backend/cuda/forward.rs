@@ -14,7 +14,7 @@ use std::sync::Arc;
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use ninfer_kernels::{
-    AttentionBatch, GdnDims, GemvOut, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
+    AttentionBatch, GdnDims, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
     GEMV_MAX_BATCH,
 };
 
@@ -87,8 +87,9 @@ fn linear<O: GemvOut>(
 pub(super) enum Fetch<'o> {
     /// Vocabulary-sized f32 logits, row after row.
     Logits(&'o mut [f32]),
-    /// The argmax of each row, computed on the GPU (greedy rows need nothing else).
-    Argmax(&'o mut [i32]),
+    /// A token per row picked on the GPU: the argmax of every row, or with `params` (one per
+    /// logit row) drawn by the sampling kernel.
+    Tokens { out: &'o mut [i32], params: Option<Vec<SamplingRow>> },
 }
 
 /// Uploads the pass's packed tables (plan.rs) into the device buffer every launch reads them from.
@@ -97,7 +98,7 @@ pub(super) fn upload_tables(cx: &Ctx, tables: &mut CudaSlice<i32>, meta: &PassMe
 }
 
 /// Runs one pass eagerly: tables up, every launch, then the head over the logit rows,
-/// LOGIT_ROWS at a time, and their logits or argmaxes back to the host.
+/// LOGIT_ROWS at a time, and their logits or tokens back to the host.
 pub(super) fn run_pass(
     cx: &Ctx,
     st: &mut States,
@@ -125,10 +126,17 @@ pub(super) fn fetch(cx: &Ctx, ws: &mut Workspace, out: &mut Fetch, c0: usize, rc
     let v = cx.dims.v;
     match out {
         Fetch::Logits(o) => cx.s.memcpy_dtoh(&ws.logits.slice(..rc * v), &mut o[c0 * v..(c0 + rc) * v]).map_err(drv("copying logits back")),
-        Fetch::Argmax(o) => {
-            let mut ids = ws.argmax.slice_mut(..rc);
-            cx.ks.argmax(cx.s, &ws.logits, rc, v, v, &mut ids, &mut ws.sample_ws).map_err(kern)?;
-            cx.s.memcpy_dtoh(&ws.argmax.slice(..rc), &mut o[c0..c0 + rc]).map_err(drv("copying tokens back"))
+        Fetch::Tokens { out, params } => {
+            let mut ids = ws.tokens.slice_mut(..rc);
+            match params {
+                None => cx.ks.argmax(cx.s, &ws.logits, rc, v, v, &mut ids, &mut ws.sample_ws).map_err(kern)?,
+                Some(p) => {
+                    let mut dp = ws.sample_params.slice_mut(..rc);
+                    cx.s.memcpy_htod(&p[c0..c0 + rc], &mut dp).map_err(drv("uploading sampling parameters"))?;
+                    cx.ks.sample(cx.s, &ws.logits, rc, v, v, &dp, &mut ids, &mut ws.sample_ws).map_err(kern)?
+                }
+            }
+            cx.s.memcpy_dtoh(&ws.tokens.slice(..rc), &mut out[c0..c0 + rc]).map_err(drv("copying tokens back"))
         }
     }
 }

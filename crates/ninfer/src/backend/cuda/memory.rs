@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use ninfer_kernels::{attention_workspace_len, ATTN_MAX_SPLITS, GDN_CONV_WIDTH};
+use ninfer_kernels::{attention_workspace_len, SamplingRow, ATTN_MAX_SPLITS, GDN_CONV_WIDTH};
 
 use crate::model::{LayerKind, ModelConfig};
 
@@ -44,7 +44,8 @@ pub(super) struct Dims {
     pub inter: usize,
     pub linear_layers: usize,
     pub attn_layers: usize,
-    /// u32 scratch words of the GPU argmax over LOGIT_ROWS rows (the kernel set's figure).
+    /// u32 scratch words of the GPU argmax and sampling over LOGIT_ROWS rows (the kernel set's
+    /// figure).
     pub sample_words: usize,
 }
 
@@ -149,7 +150,8 @@ impl Dims {
             + self.moe_slots() * self.inter
             + LOGIT_ROWS * self.h;
         let f = self.moe_slots() + LOGIT_ROWS * self.v + self.attn_part_elems();
-        let i = self.t_cap * self.topk + self.meta().len() + LOGIT_ROWS + self.sample_words;
+        // Tokens (1 word) and sampling parameters (8 words) per logit row.
+        let i = self.t_cap * self.topk + self.meta().len() + LOGIT_ROWS * 9 + self.sample_words;
         bf * 2 + f * 4 + i * 4
     }
 }
@@ -223,8 +225,10 @@ pub(super) struct Workspace {
     pub logits: CudaSlice<f32>,
     /// Split-KV attention partials.
     pub attn_part: CudaSlice<f32>,
-    /// Argmax of each logit row, and the argmax kernel's scratch.
-    pub argmax: CudaSlice<i32>,
+    /// The token picked for each logit row, the sampling parameters of each, and the scratch of
+    /// the argmax and sampling kernels.
+    pub tokens: CudaSlice<i32>,
+    pub sample_params: CudaSlice<SamplingRow>,
     pub sample_ws: CudaSlice<u32>,
 }
 
@@ -250,7 +254,8 @@ impl Workspace {
             sel: zeros(s, LOGIT_ROWS * d.h, w)?,
             logits: zeros(s, LOGIT_ROWS * d.v, w)?,
             attn_part: zeros(s, d.attn_part_elems(), w)?,
-            argmax: zeros(s, LOGIT_ROWS, w)?,
+            tokens: zeros(s, LOGIT_ROWS, w)?,
+            sample_params: s.clone_htod(&[SamplingRow::default(); LOGIT_ROWS]).map_err(drv(w))?,
             sample_ws: zeros(s, d.sample_words, w)?,
         })
     }

@@ -31,13 +31,13 @@ use std::collections::HashMap;
 use ninfer_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use ninfer_kernels::cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DriverError};
 use ninfer_kernels::{
-    ImageKind, KernelError, KernelSet, ATTN_MAX_DIM, GDN_CONV_WIDTH, GDN_MAX_DK, ROPE_MAX_DIM, ROUTE_MAX_EXPERTS,
+    ImageKind, KernelError, KernelSet, SamplingRow, ATTN_MAX_DIM, GDN_CONV_WIDTH, GDN_MAX_DK, ROPE_MAX_DIM, ROUTE_MAX_EXPERTS,
 };
 
 use crate::artifact::Artifact;
 use crate::model::ModelConfig;
 
-use super::{Backend, BackendError, KvPool, LaunchTime, RowLogits, SlotId, StepInput};
+use super::{Backend, BackendError, KvPool, LaunchTime, Pick, RowLogits, SlotId, StepInput};
 use forward::{body, fetch, head, run_pass, upload_tables, Ctx, Fetch};
 use memory::{alloc_tables, Dims, States, Workspace, LOGIT_ROWS, PAGE};
 use plan::{kv_bucket, pass_meta, split_passes, RowSpec, Want};
@@ -327,6 +327,10 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn picks_tokens(&self) -> bool {
+        true
+    }
+
     fn kv_pool(&self) -> KvPool {
         KvPool { page_size: PAGE, pages: self.dims.kv_pages, used: self.dims.kv_pages - self.free_pages.len() }
     }
@@ -365,10 +369,10 @@ impl CudaBackend {
         let layout = self.dims.meta();
         let kv_cap = self.dims.pages * PAGE;
         for pass in split_passes(&specs, self.dims.t_cap) {
-            // The argmax on the GPU when every row with logits in this pass wants only that.
-            let argmax = pass.segs.iter().all(|s| match s.want {
+            // Tokens are picked on the GPU when no row with logits in this pass needs them.
+            let picked = pass.segs.iter().all(|s| match s.want {
                 Want::None => true,
-                Want::Last => rows[s.row].argmax,
+                Want::Last => rows[s.row].pick != Pick::Logits,
                 Want::All => false,
             });
             let graph = self.graphs_on && prof.is_none() && pass.is_decode() && pass.segs.len() <= LOGIT_ROWS;
@@ -378,9 +382,10 @@ impl CudaBackend {
             let meta = pass_meta(&layout, PAGE, &pass, pad, |s| &rows[s.row].tokens[s.tok0..s.tok0 + s.n], |slot| &slot_pages[slot as usize]);
             let n = meta.logit_rows.len();
             let (mut logits, mut tokens) = (Vec::new(), Vec::new());
-            let mut out = if argmax {
+            let mut out = if picked {
                 tokens = vec![0i32; n];
-                Fetch::Argmax(&mut tokens)
+                let picks: Vec<Pick> = meta.logit_rows.iter().map(|&(s, _)| rows[pass.segs[s].row].pick).collect();
+                Fetch::Tokens { out: &mut tokens, params: sampling_rows(&picks) }
             } else {
                 logits = vec![0f32; n * v];
                 Fetch::Logits(&mut logits)
@@ -400,7 +405,7 @@ impl CudaBackend {
             }
             for (k, &(s, _)) in meta.logit_rows.iter().enumerate() {
                 let o = &mut outs[pass.segs[s].row];
-                if argmax {
+                if picked {
                     o.token = Some(tokens[k] as u32);
                 } else {
                     o.values.extend_from_slice(&logits[k * v..(k + 1) * v]);
@@ -415,6 +420,27 @@ impl CudaBackend {
         }
         Ok(outs)
     }
+}
+
+/// The sampling kernel's rows for `picks` (argmax rows as temperature 0, which it treats as
+/// argmax), or None when every row is an argmax.
+fn sampling_rows(picks: &[Pick]) -> Option<Vec<SamplingRow>> {
+    if picks.iter().all(|p| *p == Pick::Argmax) {
+        return None;
+    }
+    let row = |p: &Pick| match *p {
+        Pick::Sample(s) => SamplingRow {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            u: s.u,
+            // The kernel reads k <= 0 or k >= vocab as no top-k, as the sampler reads 0.
+            top_k: s.top_k.min(i32::MAX as usize) as i32,
+            pad: [0; 3],
+        },
+        _ => SamplingRow::default(),
+    };
+    Some(picks.iter().map(row).collect())
 }
 
 /// Captures a decode pass (its launches through the head, into `ws.logits`) as a graph. The

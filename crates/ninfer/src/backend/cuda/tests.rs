@@ -62,7 +62,7 @@ fn artifact(tag: &str, shared: usize) -> Artifact {
 }
 
 fn row<'a>(slot: SlotId, tokens: &'a [u32], all_logits: bool) -> StepInput<'a> {
-    StepInput { slot, tokens, all_logits, argmax: false }
+    StepInput { slot, tokens, all_logits, pick: Pick::Logits }
 }
 
 #[test]
