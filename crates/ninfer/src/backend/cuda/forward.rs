@@ -208,22 +208,36 @@ pub(super) fn head(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, c0: us
 fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, gi: usize) -> Result<(), BackendError> {
     let d = cx.dims;
     let (t, h, cd, vd, hv) = (meta.tokens, d.h, d.cd, d.vd, d.hv);
-    // Step 1: projections; b and a side by side in one [T, 2·Hv] buffer.
-    linear(cx, "gdn.qkv", &g.qkv, ws.a.as_view(), t, h, ws.proj.as_view_mut(), cd)?;
+    // Step 1: projections. qkv, b and a come out side by side, [T, Cd | Hv | Hv], from one
+    // stacked matrix, or from three launches into qkv's rows and a [T, 2·Hv] buffer.
+    let ld = match &g.qkv_ba {
+        Some(m) => {
+            linear(cx, "gdn.qkv_ba", m, ws.a.as_view(), t, h, ws.proj.as_view_mut(), cd + 2 * hv)?;
+            cd + 2 * hv
+        }
+        None => {
+            linear(cx, "gdn.qkv", &g.qkv, ws.a.as_view(), t, h, ws.proj.as_view_mut(), cd)?;
+            linear(cx, "gdn.b", &g.b, ws.a.as_view(), t, h, ws.ba.as_view_mut(), 2 * hv)?;
+            linear(cx, "gdn.a", &g.a, ws.a.as_view(), t, h, ws.ba.slice_mut(hv..), 2 * hv)?;
+            cd
+        }
+    };
     linear(cx, "gdn.z", &g.z, ws.a.as_view(), t, h, ws.z.as_view_mut(), vd)?;
-    linear(cx, "gdn.b", &g.b, ws.a.as_view(), t, h, ws.ba.as_view_mut(), 2 * hv)?;
-    linear(cx, "gdn.a", &g.a, ws.a.as_view(), t, h, ws.ba.slice_mut(hv..), 2 * hv)?;
+    let (ba, ba_ld) = match g.qkv_ba {
+        Some(_) => (ws.proj.slice(cd..), ld),
+        None => (ws.ba.slice(..), 2 * hv),
+    };
     let batch = SeqSlots { seqs: meta.seqs, tokens: t, cu: tb.cu.slice(..), slots: tb.slots.slice(..) };
     // Step 2: causal conv + SiLU, continuing each slot's conv state.
     let conv_w = cx.arena.bf16(g.conv);
-    cx.ks.gdn_conv(cx.s, &ws.proj, cd, &conv_w, cd, &mut st.conv[gi], d.slots, &batch, &mut ws.conv, cd).map_err(kern)?;
+    cx.ks.gdn_conv(cx.s, &ws.proj, ld, &conv_w, cd, &mut st.conv[gi], d.slots, &batch, &mut ws.conv, cd).map_err(kern)?;
     cx.mark("gdn_conv", meta.seqs * 2 * (GDN_CONV_WIDTH - 1) * cd * 2);
     // Steps 3-7: gates, q/k norms and the recurrence per token.
     let dims = GdnDims { hk: cx.cfg.linear_num_key_heads, hv, dk: d.dk, dv: d.dv };
     let (a_log, dt_bias) = (cx.arena.f32(g.a_log), cx.arena.f32(g.dt_bias));
-    let alpha = ws.ba.slice(hv..);
+    let alpha = ba.slice(hv..);
     cx.ks
-        .gdn_recurrent(cx.s, &ws.conv, cd, &ws.ba, &alpha, 2 * hv, &a_log, &dt_bias, &mut st.rec[gi], d.slots, &batch, dims, &mut ws.mix)
+        .gdn_recurrent(cx.s, &ws.conv, cd, &ba, &alpha, ba_ld, &a_log, &dt_bias, &mut st.rec[gi], d.slots, &batch, dims, &mut ws.mix)
         .map_err(kern)?;
     // The f32 state of each sequence is read and written once per launch.
     cx.mark("gdn_recurrent", meta.seqs * 2 * hv * d.dk * d.dv * 4);
@@ -284,10 +298,15 @@ fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tab
 fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize) -> Result<(), BackendError> {
     let d = cx.dims;
     let (h, e, k) = (d.h, d.e, d.topk);
-    // Router logits, and the shared expert's gate logit in column E of the same rows.
-    linear(cx, "moe.router", &mw.router, ws.a.as_view(), t, h, ws.router.as_view_mut(), e + 1)?;
-    if let Some(sh) = &mw.shared {
-        linear(cx, "moe.shared_gate", &sh.gate, ws.a.as_view(), t, h, ws.router.slice_mut(e..), e + 1)?;
+    // Router logits, and the shared expert's gate logit in column E of the same rows: one
+    // launch of the stacked matrix, or two.
+    if let Some(m) = &mw.router_gate {
+        linear(cx, "moe.router_gate", m, ws.a.as_view(), t, h, ws.router.as_view_mut(), e + 1)?;
+    } else {
+        linear(cx, "moe.router", &mw.router, ws.a.as_view(), t, h, ws.router.as_view_mut(), e + 1)?;
+        if let Some(sh) = &mw.shared {
+            linear(cx, "moe.shared_gate", &sh.gate, ws.a.as_view(), t, h, ws.router.slice_mut(e..), e + 1)?;
+        }
     }
     cx.ks.moe_route(cx.s, &ws.router, e + 1, t, e, k, mw.shared.is_some(), &mut ws.ids, &mut ws.route_w).map_err(kern)?;
     cx.mark("moe.route", 0);

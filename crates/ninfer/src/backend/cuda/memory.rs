@@ -107,7 +107,8 @@ impl Dims {
     }
 
     fn proj_elems(&self) -> usize {
-        let gdn = if self.linear_layers > 0 { self.cd } else { 0 };
+        // qkv with b and a beside it (the stacked projection).
+        let gdn = if self.linear_layers > 0 { self.cd + 2 * self.hv } else { 0 };
         let attn = if self.attn_layers > 0 { 2 * self.hq * self.d } else { 0 };
         self.t_cap * gdn.max(attn).max(self.vd)
     }
@@ -202,7 +203,8 @@ pub(super) struct Workspace {
     pub a: CudaSlice<bf16>,
     /// A mixer's output `[T, H]`.
     pub delta: CudaSlice<bf16>,
-    /// GDN qkv `[T, Cd]`, the gated norm's output `[T, Vd]`, or attention q‖gate `[T, 2·Hq·D]`.
+    /// GDN qkv `[T, Cd]` (or qkv‖b‖a `[T, Cd + 2·Hv]`), the gated norm's output `[T, Vd]`, or
+    /// attention q‖gate `[T, 2·Hq·D]`.
     pub proj: CudaSlice<bf16>,
     pub k: CudaSlice<bf16>,
     pub v: CudaSlice<bf16>,

@@ -71,6 +71,8 @@ impl DevMat {
 }
 
 pub(super) struct GdnW {
+    /// qkv, b and a stacked into one `[Cd + 2·Hv, H]` matrix when stored alike (`stacked`).
+    pub qkv_ba: Option<DevMat>,
     pub qkv: DevMat,
     pub z: DevMat,
     pub b: DevMat,
@@ -102,6 +104,8 @@ pub(super) struct SharedW {
 }
 
 pub(super) struct MoeW {
+    /// The router and the shared expert's gate row stacked into one `[E + 1, H]` matrix.
+    pub router_gate: Option<DevMat>,
     pub router: DevMat,
     pub gate_up: DevMat,
     pub down: DevMat,
@@ -237,6 +241,55 @@ impl<'a> Planner<'a> {
         Ok(DevMat { parts, experts, rows, cols })
     }
 
+    /// Matrices of one input width `cols`, `(name, rows)` each, planned part by part back to
+    /// back so that together they are also one matrix of their stacked rows, which one launch
+    /// reads (fewer launches per decode step). That needs them stored alike, all bf16 or all
+    /// q8_g32 (what the recipes give projections); otherwise each is planned alone and there is
+    /// no stack.
+    fn stacked(&mut self, mats: &[(String, usize)], cols: usize) -> Result<(Vec<DevMat>, Option<DevMat>), BackendError> {
+        let ts = mats.iter().map(|(n, r)| self.tensor(n, &[&[*r, cols]])).collect::<Result<Vec<_>, _>>()?;
+        let enc = ts[0].encoding;
+        let alike = ts.iter().all(|t| t.encoding == enc)
+            && match enc {
+                Encoding::Bf16 => cols.is_multiple_of(8),
+                Encoding::Q8G32 => cols.is_multiple_of(32),
+                _ => false,
+            };
+        if !alike {
+            let alone = mats.iter().map(|(n, r)| self.mat(n, 1, *r, cols)).collect::<Result<Vec<_>, _>>()?;
+            return Ok((alone, None));
+        }
+        let part_names: &[&'static str] = if enc == Encoding::Bf16 { &["data"] } else { &["q", "scales"] };
+        // spans[m][p]: part p of matrix m; each part kind is one contiguous run over the matrices.
+        let mut spans = vec![Vec::new(); ts.len()];
+        for &part in part_names {
+            for (m, t) in ts.iter().enumerate() {
+                let len = t.part(part)?.len();
+                let span = if m == 0 { self.push(Src::Part(t.name.to_string(), part), len) } else { self.push_next(Src::Part(t.name.to_string(), part), len) };
+                spans[m].push(span);
+            }
+        }
+        let parts = |sp: &[Span]| match enc {
+            Encoding::Bf16 => Parts::Bf16 { data: sp[0] },
+            _ => Parts::Q8 { q: sp[0], scales: sp[1] },
+        };
+        let alone = ts.iter().zip(&spans).map(|(t, sp)| DevMat { parts: parts(sp), experts: 1, rows: t.shape[0], cols }).collect();
+        let whole: Vec<Span> = (0..part_names.len())
+            .map(|p| Span { off: spans[0][p].off, len: spans.iter().map(|sp| sp[p].len).sum() })
+            .collect();
+        let rows = mats.iter().map(|(_, r)| r).sum();
+        Ok((alone, Some(DevMat { parts: parts(&whole), experts: 1, rows, cols })))
+    }
+
+    /// As `push`, directly after the previous range (a stack's next member; rows of bf16 and
+    /// q8_g32 parts keep the kernels' 16-byte alignment when the input width allows stacking).
+    fn push_next(&mut self, src: Src, len: usize) -> Span {
+        let span = Span { off: self.total, len };
+        self.total += len;
+        self.items.push((src, span));
+        span
+    }
+
     /// A vector (or a small matrix such as the conv taps) as bf16, any stored encoding.
     fn bf16_vec(&mut self, name: &str, shapes: &[&[usize]]) -> Result<Span, BackendError> {
         let t = self.tensor(name, shapes)?;
@@ -260,11 +313,15 @@ impl<'a> Planner<'a> {
         let mixer = match c.layer_types[i] {
             LayerKind::LinearAttention => {
                 let (hv, cd) = (c.linear_num_value_heads, c.gdn_conv_dim());
+                let names = [(format!("{p}.gdn.qkv"), cd), (format!("{p}.gdn.b"), hv), (format!("{p}.gdn.a"), hv)];
+                let (mut alone, qkv_ba) = self.stacked(&names, h)?;
+                let (a, b, qkv) = (alone.pop().expect("three"), alone.pop().expect("three"), alone.pop().expect("three"));
                 MixerW::Gdn(GdnW {
-                    qkv: self.mat(&format!("{p}.gdn.qkv"), 1, cd, h)?,
+                    qkv_ba,
+                    qkv,
                     z: self.mat(&format!("{p}.gdn.z"), 1, c.gdn_value_dim(), h)?,
-                    b: self.mat(&format!("{p}.gdn.b"), 1, hv, h)?,
-                    a: self.mat(&format!("{p}.gdn.a"), 1, hv, h)?,
+                    b,
+                    a,
                     out: self.mat(&format!("{p}.gdn.out"), 1, h, c.gdn_value_dim())?,
                     conv: self.bf16_vec(&format!("{p}.gdn.conv"), &[&[cd, 4], &[cd, 1, 4]])?,
                     a_log: self.f32_vec(&format!("{p}.gdn.A_log"), hv)?,
@@ -287,23 +344,34 @@ impl<'a> Planner<'a> {
         let (e, inter, is) = (c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size);
         let gate_up = self.mat(&format!("{p}.moe.experts.gate_up"), e, 2 * inter, h)?;
         let down = self.mat(&format!("{p}.moe.experts.down"), e, h, inter)?;
-        let shared = if is == 0 {
-            None
+        let router_name = format!("{p}.moe.router");
+        let (router, router_gate, shared) = if is == 0 {
+            (self.mat(&router_name, 1, e, h)?, None, None)
         } else {
-            let gate_t = self.tensor(&format!("{p}.moe.shared_gate"), &[&[1, h], &[h]])?;
-            let gate_raw = raw_cols_multiple(gate_t.encoding).is_some_and(|m| h.is_multiple_of(m));
-            Some(SharedW {
+            let gate_name = format!("{p}.moe.shared_gate");
+            let gate_t = self.tensor(&gate_name, &[&[1, h], &[h]])?;
+            // A gate stored as a [H] vector is not a matrix row to stack.
+            let (router, gate, router_gate) = if gate_t.shape.len() == 2 {
+                let (mut alone, stack) = self.stacked(&[(router_name, e), (gate_name, 1)], h)?;
+                let gate = alone.pop().expect("two");
+                (alone.pop().expect("two"), gate, stack)
+            } else {
+                let gate_raw = raw_cols_multiple(gate_t.encoding).is_some_and(|m| h.is_multiple_of(m));
+                (self.mat(&router_name, 1, e, h)?, self.mat_from(gate_t, gate_raw, 1, 1, h)?, None)
+            };
+            let shared = SharedW {
                 gate_up: self.mat(&format!("{p}.moe.shared.gate_up"), 1, 2 * is, h)?,
                 down: self.mat(&format!("{p}.moe.shared.down"), 1, h, is)?,
-                gate: self.mat_from(gate_t, gate_raw, 1, 1, h)?,
-            })
+                gate,
+            };
+            (router, router_gate, Some(shared))
         };
         let fused = shared.as_ref().is_some_and(|s| s.gate_up.same_layout(&gate_up) && s.down.same_layout(&down));
         Ok(LayerW {
             attn_norm: self.bf16_vec(&format!("{p}.attn_norm"), &[&[h]])?,
             moe_norm: self.bf16_vec(&format!("{p}.moe_norm"), &[&[h]])?,
             mixer,
-            moe: MoeW { router: self.mat(&format!("{p}.moe.router"), 1, e, h)?, gate_up, down, shared, fused },
+            moe: MoeW { router_gate, router, gate_up, down, shared, fused },
         })
     }
 }
@@ -409,5 +477,46 @@ impl Arena {
             }
         };
         MatrixView { weights, experts: m.experts, rows: m.rows, cols: m.cols }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::artifact::ArtifactWriter;
+    use crate::model::testutil::{noise, tmp_path};
+
+    #[test]
+    fn stacked_matrices_are_one_matrix_part_by_part() {
+        let path = tmp_path("stacked");
+        let mut w = ArtifactWriter::create(&path, 1 << 16).unwrap();
+        w.set_meta("qwen3_5_moe", "stack-test", serde_json::json!({}));
+        w.set_component("text", crate::model::testutil::config_json(0));
+        for (name, rows, enc) in [("a", 3, Encoding::Q8G32), ("b", 2, Encoding::Q8G32), ("c", 1, Encoding::Q8G32), ("d", 2, Encoding::Bf16)] {
+            w.add_f32(name, enc, &[rows, 64], "text", &noise(rows as u64, rows * 64)).unwrap();
+        }
+        let art = Artifact::open(w.finish().unwrap()).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut p = Planner { art: &art, items: Vec::new(), total: 0 };
+        let (alone, stack) = p.stacked(&[("a".into(), 3), ("b".into(), 2), ("c".into(), 1)], 64).unwrap();
+        let stack = stack.expect("three q8_g32 matrices stack");
+        assert_eq!((stack.rows, stack.cols, stack.experts), (6, 64, 1));
+        let (Parts::Q8 { q, scales }, [a, b, c]) = (stack.parts, &alone[..]) else { panic!("q8 parts") };
+        // Each part kind runs through the members in order, with no gap.
+        let parts: Vec<(Span, Span)> = [a, b, c].iter().map(|m| match m.parts {
+            Parts::Q8 { q, scales } => (q, scales),
+            _ => panic!("q8 member"),
+        }).collect();
+        assert_eq!((q.off, q.len, scales.off, scales.len), (parts[0].0.off, 6 * 64, parts[0].1.off, 6 * 2 * 2));
+        for m in 1..3 {
+            assert_eq!(parts[m].0.off, parts[m - 1].0.off + parts[m - 1].0.len);
+            assert_eq!(parts[m].1.off, parts[m - 1].1.off + parts[m - 1].1.len);
+        }
+        assert_eq!(q.off % ALIGN, 0);
+        assert_eq!(stack.bytes(), alone.iter().map(DevMat::bytes).sum::<usize>());
+        // Mixed encodings do not stack; each member is still planned.
+        let (alone, stack) = p.stacked(&[("a".into(), 3), ("d".into(), 2)], 64).unwrap();
+        assert!(stack.is_none());
+        assert_eq!(alone.len(), 2);
     }
 }
