@@ -15,7 +15,9 @@
 // ninfer_gated_rms_norm: the GDN output norm (plain weight, norm first, then SiLU gate)
 //   n = bf16(x / sqrt(mean(x^2) + eps))  ;  m = bf16(n * w)  ;  y = bf16(m * silu(z))
 //   with z upcast to f32; rows of `dim` (the value head dim, 128 in the model) and one weight
-//   vector shared by all rows. y may alias x.
+//   vector shared by all rows. z rows come in groups of `group` (a token's heads) that are
+//   contiguous, groups `ldg` elements apart: z row r at z + (r / group) * ldg + (r % group) * dim
+//   (a token's gate inside the stacked projection output). y may alias x, not z.
 //
 // Shapes: dim % 8 == 0, every row start 16-byte aligned (ld % 8 == 0, aligned bases).
 // Launch: block (32, 4) = four rows per block, grid (ceil(rows / 4)).
@@ -31,10 +33,12 @@ struct NormArgs {
     int dim;
     int ldx;
     int ldy;
-    int ldd;            // row stride of delta / z
+    int ldd;            // row stride of delta
     float eps;
+    int group;          // gated variant: z rows per group, and the groups' stride
+    int ldg;
 };
-static_assert(sizeof(NormArgs) == 64, "mirrored in crates/ninfer-kernels/src/norm.rs");
+static_assert(sizeof(NormArgs) == 72, "mirrored in crates/ninfer-kernels/src/norm.rs");
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_rms_norm(NormArgs a) {
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
@@ -99,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_gated_rms_norm(NormArgs
     if (row >= a.rows) return;
     const int lane = threadIdx.x;
     const bf16* x = a.x + (size_t)row * a.ldx;
-    const bf16* z = a.delta + (size_t)row * a.ldd;
+    const bf16* z = a.delta + (size_t)(row / a.group) * a.ldg + (size_t)(row % a.group) * a.dim;
     bf16* y = a.y + (size_t)row * a.ldy;
     const int chunks = a.dim / 8;
     float ss = 0.f;

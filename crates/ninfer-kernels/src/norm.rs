@@ -21,8 +21,10 @@ struct NormArgs {
     ldy: i32,
     ldd: i32,
     eps: f32,
+    group: i32,
+    ldg: i32,
 }
-device_args!(NormArgs, 64);
+device_args!(NormArgs, 72);
 
 /// Rows of a matrix: `rows` rows of `dim` elements, row r starting at element r * `ld`.
 #[derive(Clone, Copy, Debug)]
@@ -146,6 +148,8 @@ impl KernelSet {
             ldy: c.i32("ldy", yr.ld)?,
             ldd: 0,
             eps,
+            group: 1,
+            ldg: 0,
         };
         self.launch_struct(stream, c.kernel, norm_cfg(xr.rows), &args)
     }
@@ -194,17 +198,23 @@ impl KernelSet {
             ldy: c.i32("ldy", y_rows.ld)?,
             ldd: c.i32("ld", rows.ld)?,
             eps,
+            group: 1,
+            ldg: 0,
         };
         self.launch_struct(stream, c.kernel, norm_cfg(rows.rows), &args)
     }
 
     /// GDN output norm: `y = bf16(bf16(bf16(x / rms(x)) * w) * silu(z))` per row of `dim`
-    /// (one value head); `x`, `z` and `y` are dense `[rows, dim]`, `w` is `[dim]`.
+    /// (one value head); `x` and `y` are dense `[rows, dim]`, `w` is `[dim]`. z rows come in
+    /// groups of `z_group` contiguous rows (a token's heads), groups `z_ld` elements apart
+    /// (dense z: `z_group` = 1, `z_ld` = `dim`). y may alias x, not z.
     pub fn gated_rms_norm(
         &self,
         stream: &CudaStream,
         x: &impl DevicePtr<bf16>,
         z: &impl DevicePtr<bf16>,
+        z_group: usize,
+        z_ld: usize,
         w: &impl DevicePtr<bf16>,
         y: &mut impl DevicePtrMut<bf16>,
         rows: usize,
@@ -219,8 +229,12 @@ impl KernelSet {
         let (wp, _gw) = dptr(w, stream);
         let (yp, _gy) = dptr_mut(y, stream);
         r.check(&c, "x", xl, xp)?;
-        r.check(&c, "z", zl, zp)?;
         r.check(&c, "y", yl, yp)?;
+        c.ensure(z_group > 0 && rows.is_multiple_of(z_group), || format!("{rows} rows are not groups of {z_group}"))?;
+        c.ensure(z_ld.is_multiple_of(8) && z_ld >= z_group * dim, || format!("z group stride {z_ld} (a multiple of 8, at least {z_group} x {dim})"))?;
+        let groups = rows / z_group;
+        c.len("z", zl, if groups == 0 { 0 } else { (groups - 1) * z_ld + z_group * dim })?;
+        c.aligned("z", zp, 16)?;
         c.len("w", wl, dim)?;
         c.aligned("w", wp, 16)?;
         if rows == 0 {
@@ -238,6 +252,8 @@ impl KernelSet {
             ldy: c.i32("dim", dim)?,
             ldd: c.i32("dim", dim)?,
             eps,
+            group: c.i32("z group", z_group)?,
+            ldg: c.i32("z stride", z_ld)?,
         };
         self.launch_struct(stream, c.kernel, norm_cfg(rows), &args)
     }

@@ -127,28 +127,31 @@ fn gated_rms_norm_matches_reference() {
     let Some(g) = gpu() else { return };
     let s = g.stream();
     let mut rng = Rng::new(4);
-    for &(rows, dim) in &[(32, 128), (7, 32)] {
+    // (rows, dim, z group, z stride): dense z, and z inside wider token rows (the stacked GDN
+    // projection: a token's 4 heads of 32 every 200 elements).
+    for &(rows, dim, group, ldg) in &[(32, 128, 1, 128), (7, 32, 1, 32), (12, 32, 4, 200)] {
         let x = rng.bf16s(rows * dim, 0.7);
-        let z = rng.bf16s(rows * dim, 2.0);
+        let z = rng.bf16s((rows / group - 1) * ldg + group * dim, 2.0);
         let w = rng.bf16s(dim, 1.0);
         let (dx, dz, dw) = (up(&s, &x), up(&s, &z), up(&s, &w));
         let mut dy = nan_bf16(&s, rows * dim);
-        g.ks.gated_rms_norm(&s, &dx, &dz, &dw, &mut dy, rows, dim, EPS)
+        g.ks.gated_rms_norm(&s, &dx, &dz, group, ldg, &dw, &mut dy, rows, dim, EPS)
             .unwrap();
         let (xf, zf, wf) = (to_f32(&x), to_f32(&z), to_f32(&w));
         let mut want = Vec::new();
         for r in 0..rows {
             let row = &xf[r * dim..(r + 1) * dim];
+            let zr = (r / group) * ldg + (r % group) * dim;
             let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / dim as f64;
             let inv = 1.0 / (ms + EPS as f64).sqrt();
             for i in 0..dim {
                 let n = bf((row[i] as f64 * inv) as f32);
                 let m = bf(n * wf[i]);
-                want.push(bf((m as f64 * silu(zf[r * dim + i] as f64)) as f32));
+                want.push(bf((m as f64 * silu(zf[zr + i] as f64)) as f32));
             }
         }
         assert_close(
-            &format!("gated_rms_norm {rows}x{dim}"),
+            &format!("gated_rms_norm {rows}x{dim} z groups of {group} every {ldg}"),
             &to_f32(&down(&s, &dy)),
             &want,
             1e-2,

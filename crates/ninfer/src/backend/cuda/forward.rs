@@ -208,29 +208,36 @@ pub(super) fn head(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, c0: us
 fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, gi: usize) -> Result<(), BackendError> {
     let d = cx.dims;
     let (t, h, cd, vd, hv) = (meta.tokens, d.h, d.cd, d.vd, d.hv);
-    // Step 1: projections. qkv, b and a come out side by side, [T, Cd | Hv | Hv], from one
-    // stacked matrix, or from three launches into qkv's rows and a [T, 2·Hv] buffer.
-    let ld = match &g.qkv_ba {
-        Some(m) => {
-            linear(cx, "gdn.qkv_ba", m, ws.a.as_view(), t, h, ws.proj.as_view_mut(), cd + 2 * hv)?;
-            cd + 2 * hv
+    // Step 1: projections. With the stacked matrix, one launch gives each token's row
+    // [z | qkv | b | a] (or [qkv | b | a] with z on its own); otherwise qkv, b‖a and z come
+    // from four launches into their own buffers. `q0` is where qkv starts in a `ld` row.
+    let (ld, q0) = match &g.stack {
+        Some(stack) => {
+            let ld = if stack.with_z { vd + cd + 2 * hv } else { cd + 2 * hv };
+            let label = if stack.with_z { "gdn.zqkvba" } else { "gdn.qkvba" };
+            linear(cx, label, &stack.m, ws.a.as_view(), t, h, ws.proj.as_view_mut(), ld)?;
+            (ld, if stack.with_z { vd } else { 0 })
         }
         None => {
             linear(cx, "gdn.qkv", &g.qkv, ws.a.as_view(), t, h, ws.proj.as_view_mut(), cd)?;
             linear(cx, "gdn.b", &g.b, ws.a.as_view(), t, h, ws.ba.as_view_mut(), 2 * hv)?;
             linear(cx, "gdn.a", &g.a, ws.a.as_view(), t, h, ws.ba.slice_mut(hv..), 2 * hv)?;
-            cd
+            (cd, 0)
         }
     };
-    linear(cx, "gdn.z", &g.z, ws.a.as_view(), t, h, ws.z.as_view_mut(), vd)?;
-    let (ba, ba_ld) = match g.qkv_ba {
-        Some(_) => (ws.proj.slice(cd..), ld),
+    let z_stacked = g.stack.as_ref().is_some_and(|s| s.with_z);
+    if !z_stacked {
+        linear(cx, "gdn.z", &g.z, ws.a.as_view(), t, h, ws.z.as_view_mut(), vd)?;
+    }
+    let (ba, ba_ld) = match g.stack {
+        Some(_) => (ws.proj.slice(q0 + cd..), ld),
         None => (ws.ba.slice(..), 2 * hv),
     };
     let batch = SeqSlots { seqs: meta.seqs, tokens: t, cu: tb.cu.slice(..), slots: tb.slots.slice(..) };
     // Step 2: causal conv + SiLU, continuing each slot's conv state.
     let conv_w = cx.arena.bf16(g.conv);
-    cx.ks.gdn_conv(cx.s, &ws.proj, ld, &conv_w, cd, &mut st.conv[gi], d.slots, &batch, &mut ws.conv, cd).map_err(kern)?;
+    let qkv = ws.proj.slice(q0..);
+    cx.ks.gdn_conv(cx.s, &qkv, ld, &conv_w, cd, &mut st.conv[gi], d.slots, &batch, &mut ws.conv, cd).map_err(kern)?;
     cx.mark("gdn_conv", meta.seqs * 2 * (GDN_CONV_WIDTH - 1) * cd * 2);
     // Steps 3-7: gates, q/k norms and the recurrence per token.
     let dims = GdnDims { hk: cx.cfg.linear_num_key_heads, hv, dk: d.dk, dv: d.dv };
@@ -241,11 +248,19 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, met
         .map_err(kern)?;
     // The f32 state of each sequence is read and written once per launch.
     cx.mark("gdn_recurrent", meta.seqs * 2 * hv * d.dk * d.dv * 4);
-    // Step 8: gated RMSNorm per value head with z, then the output projection.
+    // Step 8: gated RMSNorm per value head with z, then the output projection. A stacked z is
+    // read in place from the projection rows, so the norm writes to the z buffer instead.
     let norm_w = cx.arena.bf16(g.norm);
-    cx.ks.gated_rms_norm(cx.s, &ws.mix, &ws.z, &norm_w, &mut ws.proj, t * hv, d.dv, cx.cfg.rms_norm_eps).map_err(kern)?;
+    let eps = cx.cfg.rms_norm_eps;
+    let normed = if z_stacked {
+        cx.ks.gated_rms_norm(cx.s, &ws.mix, &ws.proj, hv, ld, &norm_w, &mut ws.z, t * hv, d.dv, eps).map_err(kern)?;
+        ws.z.as_view()
+    } else {
+        cx.ks.gated_rms_norm(cx.s, &ws.mix, &ws.z, 1, d.dv, &norm_w, &mut ws.proj, t * hv, d.dv, eps).map_err(kern)?;
+        ws.proj.as_view()
+    };
     cx.mark("gated_rms_norm", 0);
-    linear(cx, "gdn.out", &g.out, ws.proj.as_view(), t, vd, ws.delta.as_view_mut(), h)
+    linear(cx, "gdn.out", &g.out, normed, t, vd, ws.delta.as_view_mut(), h)
 }
 
 /// Gated full attention (model-spec.md §2.3) into `ws.delta`.

@@ -107,8 +107,8 @@ impl Dims {
     }
 
     fn proj_elems(&self) -> usize {
-        // qkv with b and a beside it (the stacked projection).
-        let gdn = if self.linear_layers > 0 { self.cd + 2 * self.hv } else { 0 };
+        // z, qkv, b and a side by side (the stacked projection).
+        let gdn = if self.linear_layers > 0 { self.vd + self.cd + 2 * self.hv } else { 0 };
         let attn = if self.attn_layers > 0 { 2 * self.hq * self.d } else { 0 };
         self.t_cap * gdn.max(attn).max(self.vd)
     }
@@ -203,12 +203,12 @@ pub(super) struct Workspace {
     pub a: CudaSlice<bf16>,
     /// A mixer's output `[T, H]`.
     pub delta: CudaSlice<bf16>,
-    /// GDN qkv `[T, Cd]` (or qkv‖b‖a `[T, Cd + 2·Hv]`), the gated norm's output `[T, Vd]`, or
-    /// attention q‖gate `[T, 2·Hq·D]`.
+    /// GDN qkv `[T, Cd]` (or the stacked z‖qkv‖b‖a `[T, Vd + Cd + 2·Hv]`), the gated norm's
+    /// output `[T, Vd]`, or attention q‖gate `[T, 2·Hq·D]`.
     pub proj: CudaSlice<bf16>,
     pub k: CudaSlice<bf16>,
     pub v: CudaSlice<bf16>,
-    /// GDN z gate `[T, Vd]`.
+    /// GDN z gate `[T, Vd]`, or the gated norm's output when z is read from the stacked rows.
     pub z: CudaSlice<bf16>,
     /// GDN b then a logits, `[T, 2·Hv]`.
     pub ba: CudaSlice<bf16>,

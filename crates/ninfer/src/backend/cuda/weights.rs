@@ -70,9 +70,16 @@ impl DevMat {
     }
 }
 
+/// The GDN input projections stacked into one matrix (`Planner::stacked`): z, qkv, b, a
+/// (`[Vd + Cd + 2·Hv, H]`) when a token's output row keeps z's rows 16-byte aligned, else qkv,
+/// b, a with z launched on its own.
+pub(super) struct GdnStack {
+    pub m: DevMat,
+    pub with_z: bool,
+}
+
 pub(super) struct GdnW {
-    /// qkv, b and a stacked into one `[Cd + 2·Hv, H]` matrix when stored alike (`stacked`).
-    pub qkv_ba: Option<DevMat>,
+    pub stack: Option<GdnStack>,
     pub qkv: DevMat,
     pub z: DevMat,
     pub b: DevMat,
@@ -313,13 +320,22 @@ impl<'a> Planner<'a> {
         let mixer = match c.layer_types[i] {
             LayerKind::LinearAttention => {
                 let (hv, cd) = (c.linear_num_value_heads, c.gdn_conv_dim());
-                let names = [(format!("{p}.gdn.qkv"), cd), (format!("{p}.gdn.b"), hv), (format!("{p}.gdn.a"), hv)];
-                let (mut alone, qkv_ba) = self.stacked(&names, h)?;
-                let (a, b, qkv) = (alone.pop().expect("three"), alone.pop().expect("three"), alone.pop().expect("three"));
+                let vd = c.gdn_value_dim();
+                let mut names = vec![(format!("{p}.gdn.qkv"), cd), (format!("{p}.gdn.b"), hv), (format!("{p}.gdn.a"), hv)];
+                let with_z = (vd + cd + 2 * hv).is_multiple_of(8);
+                if with_z {
+                    names.insert(0, (format!("{p}.gdn.z"), vd));
+                }
+                let (mut alone, stack) = self.stacked(&names, h)?;
+                let (a, b, qkv) = (alone.pop().expect("a"), alone.pop().expect("b"), alone.pop().expect("qkv"));
+                let z = match alone.pop() {
+                    Some(z) => z,
+                    None => self.mat(&format!("{p}.gdn.z"), 1, vd, h)?,
+                };
                 MixerW::Gdn(GdnW {
-                    qkv_ba,
+                    stack: stack.map(|m| GdnStack { m, with_z }),
                     qkv,
-                    z: self.mat(&format!("{p}.gdn.z"), 1, c.gdn_value_dim(), h)?,
+                    z,
                     b,
                     a,
                     out: self.mat(&format!("{p}.gdn.out"), 1, h, c.gdn_value_dim())?,
