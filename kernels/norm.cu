@@ -40,30 +40,37 @@ struct NormArgs {
 };
 static_assert(sizeof(NormArgs) == 72, "mirrored in crates/ninfer-kernels/src/norm.rs");
 
-extern "C" __global__ void __launch_bounds__(128) ninfer_rms_norm(NormArgs a) {
-    const int row = blockIdx.x * blockDim.y + threadIdx.y;
-    if (row >= a.rows) return;
-    const int lane = threadIdx.x;
-    const bf16* x = a.x + (size_t)row * a.ldx;
-    bf16* y = a.y + (size_t)row * a.ldy;
-    const int chunks = a.dim / 8;
+// 1 / sqrt(mean(x^2) + eps) of a row of `dim` (a multiple of 8), over the calling warp.
+__device__ __forceinline__ float inv_rms(const bf16* x, int dim, float eps, int lane) {
     float ss = 0.f;
-    for (int c = lane; c < chunks; c += NINFER_WARP) {
+    for (int c = lane; c < dim / 8; c += NINFER_WARP) {
         float v[8];
         unpack_bf8(ldg16(x + c * 8), v);
 #pragma unroll
         for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
     }
-    ss = warp_sum1(ss);
-    const float inv = rsqrtf(ss / (float)a.dim + a.eps);
-    for (int c = lane; c < chunks; c += NINFER_WARP) {
-        float v[8], w[8];
+    return rsqrtf(warp_sum1(ss) / (float)dim + eps);
+}
+
+// y = bf16(x * inv * (1 + w)) over a row, by the calling warp; x is read with plain loads, after
+// inv_rms read it, so y may alias x.
+__device__ __forceinline__ void store_zc_norm(const bf16* x, const bf16* w, bf16* y, int dim, float inv, int lane) {
+    for (int c = lane; c < dim / 8; c += NINFER_WARP) {
+        float v[8], wv[8];
         unpack_bf8(*reinterpret_cast<const uint4*>(x + c * 8), v);
-        unpack_bf8(ldg16(a.w + c * 8), w);
+        unpack_bf8(ldg16(w + c * 8), wv);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = v[i] * inv * (1.0f + w[i]);
+        for (int i = 0; i < 8; ++i) v[i] = v[i] * inv * (1.0f + wv[i]);
         *reinterpret_cast<uint4*>(y + c * 8) = pack_bf8(v);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(128) ninfer_rms_norm(NormArgs a) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    if (row >= a.rows) return;
+    const bf16* x = a.x + (size_t)row * a.ldx;
+    const float inv = inv_rms(x, a.dim, a.eps, threadIdx.x);
+    store_zc_norm(x, a.w, a.y + (size_t)row * a.ldy, a.dim, inv, threadIdx.x);
 }
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_add_rms_norm(NormArgs a) {
@@ -72,10 +79,8 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_add_rms_norm(NormArgs a
     const int lane = threadIdx.x;
     bf16* h = a.h + (size_t)row * a.ldx;
     const bf16* d = a.delta + (size_t)row * a.ldd;
-    bf16* y = a.y + (size_t)row * a.ldy;
-    const int chunks = a.dim / 8;
     float ss = 0.f;
-    for (int c = lane; c < chunks; c += NINFER_WARP) {
+    for (int c = lane; c < a.dim / 8; c += NINFER_WARP) {
         float v[8], dv[8];
         unpack_bf8(*reinterpret_cast<const uint4*>(h + c * 8), v);
         unpack_bf8(ldg16(d + c * 8), dv);
@@ -86,16 +91,8 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_add_rms_norm(NormArgs a
         }
         *reinterpret_cast<uint4*>(h + c * 8) = pack_bf8(v);
     }
-    ss = warp_sum1(ss);
-    const float inv = rsqrtf(ss / (float)a.dim + a.eps);
-    for (int c = lane; c < chunks; c += NINFER_WARP) {
-        float v[8], w[8];
-        unpack_bf8(*reinterpret_cast<const uint4*>(h + c * 8), v);
-        unpack_bf8(ldg16(a.w + c * 8), w);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = v[i] * inv * (1.0f + w[i]);
-        *reinterpret_cast<uint4*>(y + c * 8) = pack_bf8(v);
-    }
+    const float inv = rsqrtf(warp_sum1(ss) / (float)a.dim + a.eps);
+    store_zc_norm(h, a.w, a.y + (size_t)row * a.ldy, a.dim, inv, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_gated_rms_norm(NormArgs a) {
@@ -106,15 +103,7 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_gated_rms_norm(NormArgs
     const bf16* z = a.delta + (size_t)(row / a.group) * a.ldg + (size_t)(row % a.group) * a.dim;
     bf16* y = a.y + (size_t)row * a.ldy;
     const int chunks = a.dim / 8;
-    float ss = 0.f;
-    for (int c = lane; c < chunks; c += NINFER_WARP) {
-        float v[8];
-        unpack_bf8(ldg16(x + c * 8), v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
-    }
-    ss = warp_sum1(ss);
-    const float inv = rsqrtf(ss / (float)a.dim + a.eps);
+    const float inv = inv_rms(x, a.dim, a.eps, lane);
     for (int c = lane; c < chunks; c += NINFER_WARP) {
         float v[8], w[8], g[8];
         unpack_bf8(*reinterpret_cast<const uint4*>(x + c * 8), v);

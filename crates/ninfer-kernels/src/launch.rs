@@ -120,37 +120,30 @@ pub(crate) fn blocks(n: usize, per_block: usize) -> u32 {
 impl KernelSet {
     /// Launches `kernel` with one by-value argument struct (the kernels take their parameters
     /// as a single `#[repr(C)]` struct mirrored in the .cu file).
-    pub(crate) fn launch_struct<A: DeviceRepr>(
-        &self,
-        stream: &CudaStream,
-        kernel: Kernel,
-        cfg: LaunchConfig,
-        args: &A,
-    ) -> Result<()> {
+    pub(crate) fn launch_struct<A: DeviceRepr>(&self, stream: &CudaStream, kernel: Kernel, cfg: LaunchConfig, args: &A) -> Result<()> {
+        self.launch_with(stream, kernel, cfg, args, false)
+    }
+
+    /// As `launch_struct`, as a cooperative launch (all blocks resident, grid-wide barriers);
+    /// the caller sizes the grid from the kernel's occupancy.
+    pub(crate) fn launch_cooperative_struct<A: DeviceRepr>(&self, stream: &CudaStream, kernel: Kernel, cfg: LaunchConfig, args: &A) -> Result<()> {
+        self.launch_with(stream, kernel, cfg, args, true)
+    }
+
+    fn launch_with<A: DeviceRepr>(&self, stream: &CudaStream, kernel: Kernel, cfg: LaunchConfig, args: &A, cooperative: bool) -> Result<()> {
         check_grid(kernel, &cfg)?;
-        let func = self.function(kernel);
-        let mut builder = stream.launch_builder(func);
+        let mut builder = stream.launch_builder(self.function(kernel));
         builder.arg(args);
         // SAFETY: each launcher checked the buffer sizes, shapes and alignment the kernel's
         // contract requires, and `A` mirrors the kernel's parameter struct field for field.
-        unsafe { builder.launch(cfg) }.map_err(|e| launch_error(kernel, cfg, e))?;
-        Ok(())
-    }
-
-    /// As `launch_struct`, as a cooperative launch (all blocks resident, grid-wide barriers).
-    pub(crate) fn launch_cooperative_struct<A: DeviceRepr>(
-        &self,
-        stream: &CudaStream,
-        kernel: Kernel,
-        cfg: LaunchConfig,
-        args: &A,
-    ) -> Result<()> {
-        check_grid(kernel, &cfg)?;
-        let func = self.function(kernel);
-        let mut builder = stream.launch_builder(func);
-        builder.arg(args);
-        // SAFETY: as in `launch_struct`; the caller sized the grid from the kernel's occupancy.
-        unsafe { builder.launch_cooperative(cfg) }.map_err(|e| launch_error(kernel, cfg, e))?;
+        let launched = unsafe {
+            if cooperative {
+                builder.launch_cooperative(cfg)
+            } else {
+                builder.launch(cfg)
+            }
+        };
+        launched.map_err(|e| launch_error(kernel, cfg, e))?;
         Ok(())
     }
 }
