@@ -345,3 +345,18 @@ def test_copy_bandwidth_probe() -> None:
     # An H100/H200 copies at a few TB/s; any supported card lies well inside this range.
     assert 1e11 < bw < 1e14
     assert 1e11 < copy_bandwidth("cuda:0 test") < 1e14
+
+
+def test_profile_times_every_launch_of_a_step() -> None:
+    from ninfer._core import Artifact
+    from ninfer.bench import profile_steps
+
+    steps = profile_steps(str(DEMO), "cuda", prompt=64, steps=2)
+    layers = int(json.loads(Artifact(str(DEMO)).header_json())["components"]["text"]["num_layers"])
+    for kind in ("prefill", "decode"):
+        times = {t.label: t for t in steps[kind]}
+        assert times["head"].launches == 1 and times["embed"].launches == 1, kind
+        # One pre-mixer norm per layer plus the final one; each label took measurable time.
+        assert times["rms_norm"].launches == layers + 1, kind
+        assert all(t.ms > 0 and np.isfinite(t.ms) for t in times.values()), kind
+        assert times["head"].bytes > 0

@@ -26,7 +26,7 @@ import numpy as np
 from ninfer import _core
 from ninfer.engine import Engine, SamplingParams
 
-__all__ = ["BenchResult", "KernelTime", "bytes_per_decode_step", "copy_bandwidth", "format_profile", "profile_decode", "run_bench"]
+__all__ = ["BenchResult", "KernelTime", "bytes_per_decode_step", "copy_bandwidth", "format_profile", "profile_steps", "run_bench"]
 
 
 @dataclass
@@ -172,26 +172,40 @@ class KernelTime:
         return self.bytes / (self.ms * 1e6) if self.ms > 0 else 0.0
 
 
-def profile_decode(artifact: str, device: str = "cuda", prompt: int = 512, steps: int = 8) -> list[KernelTime]:
-    """Where one batch-1 decode step spends its time: after a `prompt`-token random prompt, `steps`
-    greedy steps run eagerly with CUDA events between launches (the backend's `profile_step`);
-    per label, launches, milliseconds and bytes per step, in order of first launch. Eager steps
-    pay host launch gaps that a graph replay does not, so the sum exceeds a graph step's time."""
-    runner = _core.Runner(artifact, device=device, max_slots=1, max_context=prompt + steps + 8)
-    vocab = json.loads(_core.Artifact(artifact).header_json())["components"]["text"]["vocab_size"]
-    slot = runner.alloc_slot()
-    tok = runner.step_argmax(slot, _random_prompt(min(vocab, 150000), prompt, 0))
-    runner.profile_step(slot, [tok])  # warm-up: first launches load modules and fill caches
+def _aggregate(runs: list[list[tuple[str, float, int]]]) -> list[KernelTime]:
+    """Per label, the mean launches, milliseconds and bytes over `runs`, in order of first launch."""
     totals: dict[str, list[float]] = {}
-    for _ in range(steps):
-        for label, ms, nbytes in runner.profile_step(slot, [tok]):
+    for run in runs:
+        for label, ms, nbytes in run:
             t = totals.setdefault(label, [0.0, 0.0, 0.0])
             t[0] += 1
             t[1] += ms
             t[2] += nbytes
+    n = len(runs)
+    return [KernelTime(label, k / n, ms / n, b / n) for label, (k, ms, b) in totals.items()]
+
+
+def profile_steps(artifact: str, device: str = "cuda", prompt: int = 512, steps: int = 8) -> dict[str, list[KernelTime]]:
+    """Where a step spends its time, kernel by kernel: the `prompt`-token prefill of a random
+    prompt ("prefill", one step) and the `steps` greedy batch-1 decode steps after it ("decode",
+    their mean), each run eagerly with CUDA events between launches (the backend's
+    `profile_step`). A throwaway prompt and decode step first load the modules and fill the
+    caches. Eager steps pay host launch gaps that a graph replay does not, so a decode step's sum
+    exceeds its time in the engine."""
+    runner = _core.Runner(artifact, device=device, max_slots=2, max_context=prompt + steps + 8)
+    vocab = json.loads(_core.Artifact(artifact).header_json())["components"]["text"]["vocab_size"]
+    ids = _random_prompt(min(vocab, 150000), prompt, 0)
+    warm = runner.alloc_slot()
+    runner.profile_step(warm, [runner.step_argmax(warm, ids)])
+    runner.free_slot(warm)
+    slot = runner.alloc_slot()
+    prefill = runner.profile_step(slot, ids)
+    tok, decode = ids[-1], []
+    for _ in range(steps):
+        decode.append(runner.profile_step(slot, [tok]))
         tok = (tok + 1) % vocab
     runner.free_slot(slot)
-    return [KernelTime(label, n / steps, ms / steps, b / steps) for label, (n, ms, b) in totals.items()]
+    return {"prefill": _aggregate([prefill]), "decode": _aggregate(decode)}
 
 
 def format_profile(times: list[KernelTime], bandwidth_gb_s: float) -> str:

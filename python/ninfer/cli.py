@@ -279,25 +279,28 @@ def _configure_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=_ints, default=(1, 4, 16), help="concurrent sequences for tg")
     p.add_argument("--tg-prompt", type=int, default=512, help="prompt length before decoding")
     p.add_argument("--tg-tokens", type=int, default=128, help="tokens decoded per sequence")
-    p.add_argument("--profile", action="store_true", help="instead: time every kernel of a batch-1 decode step (CUDA)")
+    p.add_argument("--profile", action="store_true", help="instead: time every kernel of a --tg-prompt prefill and of a batch-1 decode step after it (CUDA)")
     p.add_argument("--json", action="store_true")
 
 
 def _run_bench(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from ninfer.bench import copy_bandwidth, format_profile, format_result, profile_decode, run_bench
+    from ninfer.bench import copy_bandwidth, format_profile, format_result, profile_steps, run_bench
 
     if args.profile:
         device = "cuda" if args.device == "auto" else args.device
         try:
-            times = profile_decode(args.model, device, args.tg_prompt)
+            steps = profile_steps(args.model, device, args.tg_prompt)
         except (ValueError, FileNotFoundError) as e:
             raise CliError(str(e)) from None
         if args.json:
-            print(json.dumps([asdict(t) | {"gb_s": t.gb_s} for t in times], indent=1))
+            print(json.dumps({k: [asdict(t) | {"gb_s": t.gb_s} for t in v] for k, v in steps.items()}, indent=1))
         else:
-            print(format_profile(times, copy_bandwidth("cuda") / 1e9))
+            bw = copy_bandwidth("cuda") / 1e9
+            for kind, times in steps.items():
+                what = f"the {args.tg_prompt}-token prefill" if kind == "prefill" else f"one decode step after {args.tg_prompt} tokens"
+                print(f"{what}, eager, kernel by kernel:\n{format_profile(times, bw)}\n")
         return 0
     try:
         r = run_bench(args.model, args.device, args.reps, args.prefill, args.concurrency, args.tg_prompt, args.tg_tokens)
