@@ -224,6 +224,140 @@ __device__ __forceinline__ void down_body(const BankArgs& a) {
     if (lane == 0) store_out(a.y, (size_t)t * a.ldy + n, acc, a.out_f32, a.accumulate);
 }
 
+// ninfer_moe_gate_up_nvfp4_mma: ninfer_moe_gate_up_nvfp4's contract (same BankArgs, same
+//   output, roundings and zero rows for bad ids) on the tensor cores. Each warp runs
+//   mma.m16n8k16 (bf16 in, f32 accumulate) over 16 gate rows and the 16 matching up rows of one
+//   slot, x in column 0 of B (the other 7 columns zero). The A operand is dequantized in
+//   registers: E2M1 magnitudes to bf16 through a byte table (PRMT), the sign ORed in, times the
+//   E4M3 scale in bf16; both products are exact in bf16, so A holds the exact dequantized weights
+//   (format.md 3.5) and the per-row global multiplies the f32 sum. The MMA's k order is permuted
+//   so that each lane reads 8 contiguous bytes (16 codes, one scale group) of a row per 64
+//   columns: mma k index 2t+d maps to column 16t+4s+d, and 2t+8+d to 16t+4s+2+d, for lane t
+//   (lane % 4), step s of 4 and d < 2, in A and B alike. The 8 warps of a block split K (warp w
+//   takes 64-column blocks w, w+8, ...) and sum their partials in shared memory in warp order.
+//   Needs I % 16 == 0 and H % 64 == 0. Launch: block 256, grid (S, I / 16).
+#define MMA_WARPS 8
+
+// Two E2M1 codes of `w` at nibbles 2p and 2p+1 (p < 4) as a bf16x2, unscaled.
+__device__ __forceinline__ uint32_t e2m1x2_bf16(uint32_t w, int p) {
+    // bf16 bit patterns of the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: low bytes, then high bytes.
+    const uint32_t lo0 = 0xC0800000u, lo1 = 0xC0804000u, hi0 = 0x3F3F3F00u, hi1 = 0x40404040u;
+    const uint32_t sel = (w >> (8 * p)) & 0x77u;  // two 3-bit magnitudes: PRMT byte indices
+    const uint32_t lo = __byte_perm(lo0, lo1, sel), hi = __byte_perm(hi0, hi1, sel);
+    const uint32_t mag = __byte_perm(lo, hi, 0x5140);  // lo0 hi0 lo1 hi1
+    const uint32_t b = w >> (8 * p);
+    return mag | ((b << 12) & 0x8000u) | ((b << 24) & 0x80000000u);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+    __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+    return *reinterpret_cast<uint32_t*>(&r);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One 64-column block of a lane's two rows (g and g + 8 of a 16-row tile): 8 code bytes and one
+// scale byte each.
+struct Nvfp4Rows {
+    uint2 q[2];
+    uint8_t s[2];
+};
+
+__device__ __forceinline__ Nvfp4Rows load_rows(const Mat& m, int e, int row0, int blk, int t) {
+    Nvfp4Rows r;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const size_t row = (size_t)e * m.rows + row0 + 8 * h;
+        const uint8_t* q = static_cast<const uint8_t*>(m.p0) + row * (m.cols / 2) + blk * 32 + t * 8;
+        uint2 v;
+        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(q));
+        r.q[h] = v;
+        r.s[h] = __ldg(static_cast<const uint8_t*>(m.p1) + row * (m.cols / 16) + blk * 4 + t);
+    }
+    return r;
+}
+
+// The MMA steps of one 64-column block for one 16-row tile: a lane's codes of step s are nibbles
+// 4s..4s+3 of its 16 (k index 2t, 2t+1 from the first pair, 2t+8, 2t+9 from the second).
+__device__ __forceinline__ void tile_block(float (&c)[4], const Nvfp4Rows& r, const uint32_t (&xb)[8]) {
+    uint32_t sc[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t sb = __bfloat16_as_ushort(__float2bfloat16_rn(e4m3_to_f(r.s[h])));
+        sc[h] = sb | (sb << 16);
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        const uint32_t w0 = s < 2 ? r.q[0].x : r.q[0].y, w1 = s < 2 ? r.q[1].x : r.q[1].y;
+        const int p = 2 * (s & 1);
+        uint32_t a[4];
+        a[0] = bf16x2_mul(e2m1x2_bf16(w0, p), sc[0]);
+        a[1] = bf16x2_mul(e2m1x2_bf16(w1, p), sc[1]);
+        a[2] = bf16x2_mul(e2m1x2_bf16(w0, p + 1), sc[0]);
+        a[3] = bf16x2_mul(e2m1x2_bf16(w1, p + 1), sc[1]);
+        mma_bf16(c, a, xb[2 * s], xb[2 * s + 1]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) ninfer_moe_gate_up_nvfp4_mma(BankArgs a) {
+    __shared__ float part[MMA_WARPS][32];
+    const int s = blockIdx.x;
+    const bool shared = s >= a.tokens * a.topk;
+    const Mat m = shared ? a.shared : a.bank;
+    const int inter = m.rows / 2;
+    const int j0 = blockIdx.y * 16;
+    const int t_idx = shared ? s - a.tokens * a.topk : s / a.topk;
+    const int e = shared ? 0 : __ldg(a.ids + s);
+    bf16* out = static_cast<bf16*>(a.y) + (size_t)s * inter + j0;
+    if (e < 0 || e >= m.experts) {
+        if (threadIdx.x < 16) out[threadIdx.x] = f2bf(0.f);
+        return;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const bf16* x = a.x + (size_t)t_idx * a.ldx;
+    const int blocks = m.cols / 64;
+    float cg[4] = {0.f, 0.f, 0.f, 0.f}, cu[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int blk = warp; blk < blocks; blk += MMA_WARPS) {
+        const Nvfp4Rows rg = load_rows(m, e, j0 + g, blk, t), ru = load_rows(m, e, inter + j0 + g, blk, t);
+        // B: x at columns 16t + 0..15 of the block in column 0 (lanes with g == 0), zeros elsewhere.
+        uint32_t xb[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        if (g == 0) {
+            const uint4 x0 = ldg16(x + blk * 64 + 16 * t), x1 = ldg16(x + blk * 64 + 16 * t + 8);
+            xb[0] = x0.x; xb[1] = x0.y; xb[2] = x0.z; xb[3] = x0.w;
+            xb[4] = x1.x; xb[5] = x1.y; xb[6] = x1.z; xb[7] = x1.w;
+        }
+        tile_block(cg, rg, xb);
+        tile_block(cu, ru, xb);
+    }
+    // Column 0 of C: c[0] is row g, c[2] row g + 8, in the lanes with t == 0.
+    if (t == 0) {
+        part[warp][g] = cg[0];
+        part[warp][g + 8] = cg[2];
+        part[warp][16 + g] = cu[0];
+        part[warp][24 + g] = cu[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        const int j = threadIdx.x;
+        float sg = 0.f, su = 0.f;
+#pragma unroll
+        for (int w = 0; w < MMA_WARPS; ++w) {
+            sg += part[w][j];
+            su += part[w][16 + j];
+        }
+        const float gv = round_bf(sg * row_multiplier<EncNvfp4>(m, e, j0 + j));
+        const float uv = round_bf(su * row_multiplier<EncNvfp4>(m, e, inter + j0 + j));
+        out[j] = f2bf(round_bf(silu(gv)) * uv);
+    }
+}
+
 #define NINFER_GEMV(name, Enc, NB)                                                   \
     extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_b##NB(GemvArgs a) { \
         gemv_body<Enc, NB>(a);                                                       \

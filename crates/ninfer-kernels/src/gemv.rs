@@ -356,8 +356,46 @@ impl KernelSet {
         ids: &impl DevicePtr<i32>,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
+        self.gate_up_impl(stream, bank, shared, x, ldx, tokens, topk, ids, out, false)
+    }
+
+    /// As [`KernelSet::moe_gate_up`] for an NVFP4 bank on the tensor cores (same result up to
+    /// the f32 summation order); needs I % 16 == 0 and H % 64 == 0.
+    pub fn moe_gate_up_mma(
+        &self,
+        stream: &CudaStream,
+        bank: &MatrixView,
+        shared: Option<&MatrixView>,
+        x: &impl DevicePtr<bf16>,
+        ldx: usize,
+        tokens: usize,
+        topk: usize,
+        ids: &impl DevicePtr<i32>,
+        out: &mut impl DevicePtrMut<bf16>,
+    ) -> Result<()> {
+        self.gate_up_impl(stream, bank, shared, x, ldx, tokens, topk, ids, out, true)
+    }
+
+    fn gate_up_impl(
+        &self,
+        stream: &CudaStream,
+        bank: &MatrixView,
+        shared: Option<&MatrixView>,
+        x: &impl DevicePtr<bf16>,
+        ldx: usize,
+        tokens: usize,
+        topk: usize,
+        ids: &impl DevicePtr<i32>,
+        out: &mut impl DevicePtrMut<bf16>,
+        mma: bool,
+    ) -> Result<()> {
         let enc = bank.encoding();
-        let c = Check::new(bank_kernels(enc).0);
+        let c = Check::new(if mma { Kernel::MoeGateUpNvfp4Mma } else { bank_kernels(enc).0 });
+        if mma {
+            c.ensure(enc == Encoding::Nvfp4 && bank.rows.is_multiple_of(32) && bank.cols.is_multiple_of(64), || {
+                format!("tensor-core gate_up takes NVFP4 banks with I % 16 == 0 and H % 64 == 0, not {enc:?} {}x{}", bank.rows, bank.cols)
+            })?;
+        }
         c.ensure(bank.rows.is_multiple_of(2), || {
             format!("gate_up rows {} are not even", bank.rows)
         })?;
@@ -398,11 +436,13 @@ impl KernelSet {
             accumulate: 0,
             pad: 0,
         };
+        // 16 rows per block on the tensor cores (one MMA tile per warp, K split over 8 warps).
+        let per_block = if mma { 16 } else { ROWS_PER_BLOCK };
         let cfg = LaunchConfig {
             // Slots on x: a prompt pass has tokens × (topk + 1) of them, past y's 65,535.
             grid_dim: (
                 c.i32("slots", slots)? as u32,
-                blocks(inter, ROWS_PER_BLOCK),
+                blocks(inter, per_block),
                 1,
             ),
             block_dim: (256, 1, 1),

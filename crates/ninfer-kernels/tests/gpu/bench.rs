@@ -116,6 +116,13 @@ fn bench_moe_decode() {
             ms,
             bytes,
         );
+        if enc == Enc::Nvfp4 {
+            let ms = time_ms(&s, 50, || {
+                g.ks.moe_gate_up_mma(&s, &gu.view(), Some(&sguv), &x, h, 1, k, &ids, &mut m)
+                    .unwrap()
+            });
+            report(&format!("moe_gate_up_mma {enc:?} E={e} top{k}+shared"), ms, bytes);
+        }
         let ms = time_ms(&s, 50, || {
             g.ks.moe_down(
                 &s,

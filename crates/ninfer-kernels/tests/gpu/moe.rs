@@ -71,6 +71,13 @@ fn bank_case(
     }
     let got_m = down(&s, &m);
     assert_close(&format!("{name} gate_up"), &to_f32(&got_m), &want_m, 1e-2);
+    if enc == Enc::Nvfp4 && inter % 16 == 0 && hidden % 64 == 0 {
+        // The tensor-core kernel: the same contract, on fresh poisoned output.
+        let mut mm = nan_bf16(&s, slots * inter);
+        g.ks.moe_gate_up_mma(&s, &dgu.view(), shared.then_some(&shared_gu), &dx, hidden, tokens, topk, &dids, &mut mm)
+            .unwrap();
+        assert_close(&format!("{name} gate_up (mma)"), &to_f32(&down(&s, &mm)), &want_m, 1e-2);
+    }
 
     // down: weighted sum over each token's slots, from the kernel's own gate_up output.
     let mf = to_f32(&got_m);
