@@ -27,6 +27,9 @@
 //   y = bf16(y + bf16(r)), the residual add in the model dtype). Each output is produced by one
 //   warp (no atomics), so results are deterministic. Launch: block 256,
 //   grid (tokens, ceil(H / 8)).
+//
+// ninfer_moe_gate_up_nvfp4_mma, ninfer_moe_down_nvfp4_mma: the two NVFP4 expert kernels above on
+//   the tensor cores; their contracts are beside them, below.
 #include "quant.cuh"
 
 struct GemvArgs {
@@ -355,6 +358,56 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_moe_gate_up_nvfp4_mma(B
         const float gv = round_bf(sg * row_multiplier<EncNvfp4>(m, e, j0 + j));
         const float uv = round_bf(su * row_multiplier<EncNvfp4>(m, e, inter + j0 + j));
         out[j] = f2bf(round_bf(silu(gv)) * uv);
+    }
+}
+
+// ninfer_moe_down_nvfp4_mma: ninfer_moe_down_nvfp4's contract on the tensor cores, as the gate_up
+//   kernel above does it: a block owns 16 output rows of one token; its 8 warps share the
+//   (slot, 64-column block) items of the token's slots, each item's MMA sum scaled by the slot's
+//   routing weight and row multiplier into per-warp totals, summed in warp order at the end.
+//   Needs H % 16 == 0 and I % 64 == 0. Launch: block 256, grid (tokens, H / 16).
+extern "C" __global__ void __launch_bounds__(256) ninfer_moe_down_nvfp4_mma(BankArgs a) {
+    __shared__ float part[MMA_WARPS][16];
+    const int tok = blockIdx.x;
+    const int n0 = blockIdx.y * 16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nslots = a.topk + (a.has_shared ? 1 : 0);
+    const int blocks = a.bank.cols / 64;
+    float tot[2] = {0.f, 0.f};  // rows n0 + g and n0 + g + 8, in the lanes with t == 0
+    for (int item = warp; item < nslots * blocks; item += MMA_WARPS) {
+        const int j = item / blocks, blk = item - j * blocks;
+        const bool sh = j >= a.topk;
+        const int slot = sh ? a.tokens * a.topk + tok : tok * a.topk + j;
+        const Mat m = sh ? a.shared : a.bank;
+        const int e = sh ? 0 : __ldg(a.ids + slot);
+        if (e < 0 || e >= m.experts) continue;
+        const Nvfp4Rows r = load_rows(m, e, n0 + g, blk, t);
+        uint32_t xb[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        if (g == 0) {
+            const bf16* x = a.x + (size_t)slot * a.ldx + blk * 64 + 16 * t;
+            const uint4 x0 = ldg16(x), x1 = ldg16(x + 8);
+            xb[0] = x0.x; xb[1] = x0.y; xb[2] = x0.z; xb[3] = x0.w;
+            xb[4] = x1.x; xb[5] = x1.y; xb[6] = x1.z; xb[7] = x1.w;
+        }
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        tile_block(c, r, xb);
+        if (t == 0) {
+            const float w = __ldg(a.route_w + slot);
+            tot[0] += w * row_multiplier<EncNvfp4>(m, e, n0 + g) * c[0];
+            tot[1] += w * row_multiplier<EncNvfp4>(m, e, n0 + g + 8) * c[2];
+        }
+    }
+    if (t == 0) {
+        part[warp][g] = tot[0];
+        part[warp][g + 8] = tot[1];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float r = 0.f;
+#pragma unroll
+        for (int w = 0; w < MMA_WARPS; ++w) r += part[w][threadIdx.x];
+        store_out(a.y, (size_t)tok * a.ldy + n0 + threadIdx.x, r, a.out_f32, a.accumulate);
     }
 }
 

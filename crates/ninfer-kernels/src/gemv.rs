@@ -470,8 +470,50 @@ impl KernelSet {
         ldy: usize,
         accumulate: bool,
     ) -> Result<()> {
+        self.down_impl(stream, bank, shared, inp, tokens, topk, ids, route_w, y, ldy, accumulate, false)
+    }
+
+    /// As [`KernelSet::moe_down`] for an NVFP4 bank on the tensor cores (same result up to the
+    /// f32 summation order); needs H % 16 == 0 and I % 64 == 0.
+    pub fn moe_down_mma<O: GemvOut>(
+        &self,
+        stream: &CudaStream,
+        bank: &MatrixView,
+        shared: Option<&MatrixView>,
+        inp: &impl DevicePtr<bf16>,
+        tokens: usize,
+        topk: usize,
+        ids: &impl DevicePtr<i32>,
+        route_w: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<O>,
+        ldy: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.down_impl(stream, bank, shared, inp, tokens, topk, ids, route_w, y, ldy, accumulate, true)
+    }
+
+    fn down_impl<O: GemvOut>(
+        &self,
+        stream: &CudaStream,
+        bank: &MatrixView,
+        shared: Option<&MatrixView>,
+        inp: &impl DevicePtr<bf16>,
+        tokens: usize,
+        topk: usize,
+        ids: &impl DevicePtr<i32>,
+        route_w: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<O>,
+        ldy: usize,
+        accumulate: bool,
+        mma: bool,
+    ) -> Result<()> {
         let enc = bank.encoding();
-        let c = Check::new(bank_kernels(enc).1);
+        let c = Check::new(if mma { Kernel::MoeDownNvfp4Mma } else { bank_kernels(enc).1 });
+        if mma {
+            c.ensure(enc == Encoding::Nvfp4 && bank.rows.is_multiple_of(16) && bank.cols.is_multiple_of(64), || {
+                format!("tensor-core down takes NVFP4 banks with H % 16 == 0 and I % 64 == 0, not {enc:?} {}x{}", bank.rows, bank.cols)
+            })?;
+        }
         let slots = self.check_shared(&c, bank, shared, tokens, topk)?;
         c.ensure(bank.cols.is_multiple_of(8), || {
             format!("cols {} not a multiple of 8", bank.cols)
@@ -516,7 +558,7 @@ impl KernelSet {
         let cfg = LaunchConfig {
             grid_dim: (
                 c.i32("tokens", tokens)? as u32,
-                blocks(bank.rows, ROWS_PER_BLOCK),
+                blocks(bank.rows, if mma { 16 } else { ROWS_PER_BLOCK }),
                 1,
             ),
             block_dim: (256, 1, 1),

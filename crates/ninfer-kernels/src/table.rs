@@ -74,6 +74,7 @@ kernel_table! {
     MoeGateUpNvfp4 => "gemv", "ninfer_moe_gate_up_nvfp4";
     MoeDownNvfp4 => "gemv", "ninfer_moe_down_nvfp4";
     MoeGateUpNvfp4Mma => "gemv", "ninfer_moe_gate_up_nvfp4_mma";
+    MoeDownNvfp4Mma => "gemv", "ninfer_moe_down_nvfp4_mma";
     MoeRoute => "moe", "ninfer_moe_route";
     EmbedBf16 => "embed", "ninfer_embed_bf16";
     EmbedQ8 => "embed", "ninfer_embed_q8_g32";

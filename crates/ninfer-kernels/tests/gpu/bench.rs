@@ -144,6 +144,13 @@ fn bench_moe_decode() {
             ms,
             bytes / 2.0,
         );
+        if enc == Enc::Nvfp4 {
+            let ms = time_ms(&s, 50, || {
+                g.ks.moe_down_mma(&s, &dn.view(), Some(&sdnv), &m, 1, k, &ids, &w, &mut y, h, false)
+                    .unwrap()
+            });
+            report(&format!("moe_down_mma {enc:?} E={e} top{k}+shared"), ms, bytes / 2.0);
+        }
         finite_f32(&down(&s, &y));
     }
 }

@@ -116,6 +116,13 @@ fn bank_case(
     )
     .unwrap();
     assert_close(&format!("{name} down f32"), &down(&s, &y32), &want, 1e-4);
+    if enc == Enc::Nvfp4 && hidden % 16 == 0 && inter % 64 == 0 {
+        // The tensor-core kernel (its f32 sums run in another order, through the MMA units).
+        let mut ym = nan_f32(&s, tokens * hidden);
+        g.ks.moe_down_mma(&s, &ddn.view(), shared.then_some(&shared_dn), &m, tokens, topk, &dids, &dw, &mut ym, hidden, false)
+            .unwrap();
+        assert_close(&format!("{name} down f32 (mma)"), &down(&s, &ym), &want, 1e-3);
+    }
 
     // Accumulating into a bf16 residual: y = bf16(y + bf16(r)).
     let resid = rng.bf16s(tokens * hidden, 2.0);
