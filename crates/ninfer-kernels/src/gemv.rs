@@ -344,6 +344,8 @@ impl KernelSet {
     /// token `t`; with `shared`, slots `tokens*topk + t` use the shared expert. The bank is
     /// `[E, 2I, H]` (gate rows then up rows); `out` is dense bf16 `[slots, I]` holding
     /// `silu(gate) * up`. `shared` must have the bank's encoding and `[2I, H]` shape.
+    /// With `tensor_cores`, an NVFP4 bank runs on the tensor cores instead (the same result up to
+    /// the f32 summation order; needs I % 16 == 0 and H % 64 == 0).
     pub fn moe_gate_up(
         &self,
         stream: &CudaStream,
@@ -355,43 +357,11 @@ impl KernelSet {
         topk: usize,
         ids: &impl DevicePtr<i32>,
         out: &mut impl DevicePtrMut<bf16>,
-    ) -> Result<()> {
-        self.gate_up_impl(stream, bank, shared, x, ldx, tokens, topk, ids, out, false)
-    }
-
-    /// As [`KernelSet::moe_gate_up`] for an NVFP4 bank on the tensor cores (same result up to
-    /// the f32 summation order); needs I % 16 == 0 and H % 64 == 0.
-    pub fn moe_gate_up_mma(
-        &self,
-        stream: &CudaStream,
-        bank: &MatrixView,
-        shared: Option<&MatrixView>,
-        x: &impl DevicePtr<bf16>,
-        ldx: usize,
-        tokens: usize,
-        topk: usize,
-        ids: &impl DevicePtr<i32>,
-        out: &mut impl DevicePtrMut<bf16>,
-    ) -> Result<()> {
-        self.gate_up_impl(stream, bank, shared, x, ldx, tokens, topk, ids, out, true)
-    }
-
-    fn gate_up_impl(
-        &self,
-        stream: &CudaStream,
-        bank: &MatrixView,
-        shared: Option<&MatrixView>,
-        x: &impl DevicePtr<bf16>,
-        ldx: usize,
-        tokens: usize,
-        topk: usize,
-        ids: &impl DevicePtr<i32>,
-        out: &mut impl DevicePtrMut<bf16>,
-        mma: bool,
+        tensor_cores: bool,
     ) -> Result<()> {
         let enc = bank.encoding();
-        let c = Check::new(if mma { Kernel::MoeGateUpNvfp4Mma } else { bank_kernels(enc).0 });
-        if mma {
+        let c = Check::new(if tensor_cores { Kernel::MoeGateUpNvfp4Mma } else { bank_kernels(enc).0 });
+        if tensor_cores {
             c.ensure(enc == Encoding::Nvfp4 && bank.rows.is_multiple_of(32) && bank.cols.is_multiple_of(64), || {
                 format!("tensor-core gate_up takes NVFP4 banks with I % 16 == 0 and H % 64 == 0, not {enc:?} {}x{}", bank.rows, bank.cols)
             })?;
@@ -437,7 +407,7 @@ impl KernelSet {
             pad: 0,
         };
         // 16 rows per block on the tensor cores (one MMA tile per warp, K split over 8 warps).
-        let per_block = if mma { 16 } else { ROWS_PER_BLOCK };
+        let per_block = if tensor_cores { 16 } else { ROWS_PER_BLOCK };
         let cfg = LaunchConfig {
             // Slots on x: a prompt pass has tokens × (topk + 1) of them, past y's 65,535.
             grid_dim: (
@@ -456,6 +426,8 @@ impl KernelSet {
     /// `tokens*topk + t` when `shared` is given. `inp` is the dense `[slots, I]` output of
     /// [`KernelSet::moe_gate_up`], `route_w` f32 `[slots]`, the bank `[E, H, I]`, y `[tokens, ldy]`.
     /// With `accumulate`, y is added to (for bf16: `y = bf16(y + bf16(r))`).
+    /// With `tensor_cores`, an NVFP4 bank runs on the tensor cores instead (the same result up to
+    /// the f32 summation order; needs H % 16 == 0 and I % 64 == 0).
     pub fn moe_down<O: GemvOut>(
         &self,
         stream: &CudaStream,
@@ -469,47 +441,11 @@ impl KernelSet {
         y: &mut impl DevicePtrMut<O>,
         ldy: usize,
         accumulate: bool,
-    ) -> Result<()> {
-        self.down_impl(stream, bank, shared, inp, tokens, topk, ids, route_w, y, ldy, accumulate, false)
-    }
-
-    /// As [`KernelSet::moe_down`] for an NVFP4 bank on the tensor cores (same result up to the
-    /// f32 summation order); needs H % 16 == 0 and I % 64 == 0.
-    pub fn moe_down_mma<O: GemvOut>(
-        &self,
-        stream: &CudaStream,
-        bank: &MatrixView,
-        shared: Option<&MatrixView>,
-        inp: &impl DevicePtr<bf16>,
-        tokens: usize,
-        topk: usize,
-        ids: &impl DevicePtr<i32>,
-        route_w: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<O>,
-        ldy: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        self.down_impl(stream, bank, shared, inp, tokens, topk, ids, route_w, y, ldy, accumulate, true)
-    }
-
-    fn down_impl<O: GemvOut>(
-        &self,
-        stream: &CudaStream,
-        bank: &MatrixView,
-        shared: Option<&MatrixView>,
-        inp: &impl DevicePtr<bf16>,
-        tokens: usize,
-        topk: usize,
-        ids: &impl DevicePtr<i32>,
-        route_w: &impl DevicePtr<f32>,
-        y: &mut impl DevicePtrMut<O>,
-        ldy: usize,
-        accumulate: bool,
-        mma: bool,
+        tensor_cores: bool,
     ) -> Result<()> {
         let enc = bank.encoding();
-        let c = Check::new(if mma { Kernel::MoeDownNvfp4Mma } else { bank_kernels(enc).1 });
-        if mma {
+        let c = Check::new(if tensor_cores { Kernel::MoeDownNvfp4Mma } else { bank_kernels(enc).1 });
+        if tensor_cores {
             c.ensure(enc == Encoding::Nvfp4 && bank.rows.is_multiple_of(16) && bank.cols.is_multiple_of(64), || {
                 format!("tensor-core down takes NVFP4 banks with H % 16 == 0 and I % 64 == 0, not {enc:?} {}x{}", bank.rows, bank.cols)
             })?;
@@ -558,7 +494,7 @@ impl KernelSet {
         let cfg = LaunchConfig {
             grid_dim: (
                 c.i32("tokens", tokens)? as u32,
-                blocks(bank.rows, if mma { 16 } else { ROWS_PER_BLOCK }),
+                blocks(bank.rows, if tensor_cores { 16 } else { ROWS_PER_BLOCK }),
                 1,
             ),
             block_dim: (256, 1, 1),

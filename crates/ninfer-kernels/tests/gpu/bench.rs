@@ -108,7 +108,7 @@ fn bench_moe_decode() {
         let per = if enc == Enc::Nvfp4 { 0.5625 } else { 1.0625 };
         let bytes = (k + 1) as f64 * (2 * i * h) as f64 * per;
         let ms = time_ms(&s, 50, || {
-            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, 1, k, &ids, &mut m)
+            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, 1, k, &ids, &mut m, false)
                 .unwrap()
         });
         report(
@@ -118,7 +118,7 @@ fn bench_moe_decode() {
         );
         if enc == Enc::Nvfp4 {
             let ms = time_ms(&s, 50, || {
-                g.ks.moe_gate_up_mma(&s, &gu.view(), Some(&sguv), &x, h, 1, k, &ids, &mut m)
+                g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, 1, k, &ids, &mut m, true)
                     .unwrap()
             });
             report(&format!("moe_gate_up_mma {enc:?} E={e} top{k}+shared"), ms, bytes);
@@ -136,6 +136,7 @@ fn bench_moe_decode() {
                 &mut y,
                 h,
                 false,
+                false,
             )
             .unwrap()
         });
@@ -146,7 +147,7 @@ fn bench_moe_decode() {
         );
         if enc == Enc::Nvfp4 {
             let ms = time_ms(&s, 50, || {
-                g.ks.moe_down_mma(&s, &dn.view(), Some(&sdnv), &m, 1, k, &ids, &w, &mut y, h, false)
+                g.ks.moe_down(&s, &dn.view(), Some(&sdnv), &m, 1, k, &ids, &w, &mut y, h, false, true)
                     .unwrap()
             });
             report(&format!("moe_down_mma {enc:?} E={e} top{k}+shared"), ms, bytes / 2.0);

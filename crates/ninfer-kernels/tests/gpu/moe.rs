@@ -53,6 +53,7 @@ fn bank_case(
         topk,
         &dids,
         &mut m,
+        false,
     )
     .unwrap();
     let mut want_m = Vec::new();
@@ -74,7 +75,7 @@ fn bank_case(
     if enc == Enc::Nvfp4 && inter % 16 == 0 && hidden % 64 == 0 {
         // The tensor-core kernel: the same contract, on fresh poisoned output.
         let mut mm = nan_bf16(&s, slots * inter);
-        g.ks.moe_gate_up_mma(&s, &dgu.view(), shared.then_some(&shared_gu), &dx, hidden, tokens, topk, &dids, &mut mm)
+        g.ks.moe_gate_up(&s, &dgu.view(), shared.then_some(&shared_gu), &dx, hidden, tokens, topk, &dids, &mut mm, true)
             .unwrap();
         assert_close(&format!("{name} gate_up (mma)"), &to_f32(&down(&s, &mm)), &want_m, 1e-2);
     }
@@ -113,13 +114,14 @@ fn bank_case(
         &mut y32,
         hidden,
         false,
+        false,
     )
     .unwrap();
     assert_close(&format!("{name} down f32"), &down(&s, &y32), &want, 1e-4);
     if enc == Enc::Nvfp4 && hidden % 16 == 0 && inter % 64 == 0 {
         // The tensor-core kernel (its f32 sums run in another order, through the MMA units).
         let mut ym = nan_f32(&s, tokens * hidden);
-        g.ks.moe_down_mma(&s, &ddn.view(), shared.then_some(&shared_dn), &m, tokens, topk, &dids, &dw, &mut ym, hidden, false)
+        g.ks.moe_down(&s, &ddn.view(), shared.then_some(&shared_dn), &m, tokens, topk, &dids, &dw, &mut ym, hidden, false, true)
             .unwrap();
         assert_close(&format!("{name} down f32 (mma)"), &down(&s, &ym), &want, 1e-3);
     }
@@ -139,6 +141,7 @@ fn bank_case(
         &mut y16,
         hidden,
         true,
+        false,
     )
     .unwrap();
     let want16: Vec<f32> = resid
@@ -184,7 +187,7 @@ fn gate_up_zeroes_invalid_expert_ids() {
     let x = up(&s, &rng.bf16s(64, 1.0));
     let ids = up(&s, &[2i32, -1, 4]);
     let mut m = nan_bf16(&s, 3 * 32);
-    g.ks.moe_gate_up(&s, &gu.view(), None, &x, 64, 1, 3, &ids, &mut m)
+    g.ks.moe_gate_up(&s, &gu.view(), None, &x, 64, 1, 3, &ids, &mut m, false)
         .unwrap();
     let got = down(&s, &m);
     assert!(got[..32].iter().all(|v| v.is_finite()));
