@@ -184,20 +184,14 @@ impl Engine {
         let backend_name = backend.name();
         let kv_pool = backend.kv_pool();
         let shared = Arc::new(Shared::default());
-        {
-            // The sizes are known before the first request: show them from the start.
-            let stats = &mut shared.queue.lock().unwrap_or_else(|p| p.into_inner()).stats;
-            stats.slots_total = options.max_concurrency;
-            stats.kv_pages_total = kv_pool.pages;
-            stats.kv_page_size = kv_pool.page_size;
-            stats.kv_pages_used = kv_pool.used;
-        }
         let limits = Limits {
             max_slots: options.max_concurrency,
             max_context: options.max_context,
             prefill_chunk: options.prefill_chunk,
             eos: eos.clone(),
         };
+        // The sizes are known before the first request: show them from the start.
+        scheduler::publish_occupancy(&mut shared.queue.lock().unwrap_or_else(|p| p.into_inner()).stats, 0, 0, backend.as_ref(), &limits);
         let (sh, tok) = (Arc::clone(&shared), tokenizer.clone());
         let thread = std::thread::Builder::new()
             .name("ninfer-scheduler".into())
@@ -282,9 +276,8 @@ impl Engine {
             return Err(EngineError::PromptTooLong { prompt: prompt.len(), max: self.options.max_context });
         }
         // Admission reserves this much; more than the whole pool would wait forever.
-        let pages = scheduler::reservation(&self.kv_pool, prompt.len(), params.max_tokens, self.options.max_context);
-        if pages > self.kv_pool.pages {
-            let needed = prompt.len().saturating_add(params.max_tokens).min(self.options.max_context);
+        let needed = scheduler::reserved_tokens(prompt.len(), params.max_tokens, self.options.max_context);
+        if self.kv_pool.pages_for(needed) > self.kv_pool.pages {
             return Err(EngineError::ExceedsKvCapacity {
                 prompt: prompt.len(),
                 max_tokens: params.max_tokens,

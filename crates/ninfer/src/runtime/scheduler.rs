@@ -16,7 +16,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use super::request::{Event, FinishReason, Request, Usage};
 use super::sampler::{Sampler, TokenLogprob};
 use super::stop::{StopMatcher, StopScan};
-use crate::backend::{Backend, KvPool, Pick, SlotId, StepInput};
+use crate::backend::{Backend, Pick, SlotId, StepInput};
 use crate::tokenizer::{Detokenizer, Tokenizer};
 
 /// Counters read by `/metrics` and `doctor`.
@@ -38,9 +38,9 @@ pub struct Stats {
     pub kv_pages_used: usize,
 }
 
-/// Pages a request reserves: those of the longest sequence it may become.
-pub(crate) fn reservation(pool: &KvPool, prompt: usize, max_tokens: usize, max_context: usize) -> usize {
-    pool.pages_for(prompt.saturating_add(max_tokens).min(max_context))
+/// Positions of the longest sequence a request may become: what admission reserves for it.
+pub(crate) fn reserved_tokens(prompt: usize, max_tokens: usize, max_context: usize) -> usize {
+    prompt.saturating_add(max_tokens).min(max_context)
 }
 
 #[derive(Default)]
@@ -102,13 +102,19 @@ impl Sequence {
 /// `running` or to the backend's slots, so `/metrics` never shows a finished or cancelled
 /// request's pages once it has left `running`.
 fn publish(stats: &mut Stats, running: &[Sequence], backend: &dyn Backend, limits: &Limits) {
+    publish_occupancy(stats, running.len(), running.iter().map(|s| s.reserved).sum(), backend, limits);
+}
+
+/// The counters of `running` sequences holding `reserved` pages; with none, the engine's
+/// sizes as they are known before the first request.
+pub(crate) fn publish_occupancy(stats: &mut Stats, running: usize, reserved: usize, backend: &dyn Backend, limits: &Limits) {
     let pool = backend.kv_pool();
-    stats.running = running.len();
+    stats.running = running;
     stats.slots_total = limits.max_slots;
-    stats.slots_used = running.len();
+    stats.slots_used = running;
     stats.kv_pages_total = pool.pages;
     stats.kv_page_size = pool.page_size;
-    stats.kv_pages_reserved = running.iter().map(|s| s.reserved).sum();
+    stats.kv_pages_reserved = reserved;
     stats.kv_pages_used = pool.used;
 }
 
@@ -148,7 +154,7 @@ pub(crate) fn run(mut backend: Box<dyn Backend>, tokenizer: Option<Tokenizer>, s
             let mut reserved: usize = running.iter().map(|s| s.reserved).sum();
             while running.len() < limits.max_slots {
                 let Some(head) = q.pending.front() else { break };
-                let need = reservation(&pool, head.prompt.len(), head.params.max_tokens, limits.max_context);
+                let need = pool.pages_for(reserved_tokens(head.prompt.len(), head.params.max_tokens, limits.max_context));
                 if need > pool.pages {
                     // `Engine::submit` refuses these; kept so that such a request can never
                     // block the queue for good.

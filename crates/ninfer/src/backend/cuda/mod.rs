@@ -23,10 +23,8 @@ mod plan;
 mod profile;
 mod weights;
 
-
+use std::collections::hash_map::{Entry, HashMap};
 use std::sync::Arc;
-
-use std::collections::HashMap;
 
 use ninfer_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use ninfer_kernels::cudarc::driver::{CudaContext, CudaGraph, CudaSlice, CudaStream, DriverError};
@@ -392,12 +390,11 @@ impl CudaBackend {
             };
             if let Some(bucket) = pad {
                 upload_tables(&cx, &mut self.tables, &meta)?;
-                let key = (meta.seqs, bucket);
-                if !self.graphs.contains_key(&key) {
-                    let g = capture(&cx, &mut self.states, &mut self.ws, &self.tables, &meta)?;
-                    self.graphs.insert(key, Graph(g));
-                }
-                self.graphs[&key].0.launch().map_err(drv("launching a decode graph"))?;
+                let graph = match self.graphs.entry((meta.seqs, bucket)) {
+                    Entry::Occupied(g) => g.into_mut(),
+                    Entry::Vacant(v) => v.insert(Graph(capture(&cx, &mut self.states, &mut self.ws, &self.tables, &meta)?)),
+                };
+                graph.0.launch().map_err(drv("launching a decode graph"))?;
                 fetch(&cx, &mut self.ws, &mut out, 0, n)?;
                 self.stream.synchronize().map_err(drv("running the step"))?;
             } else {
