@@ -344,8 +344,6 @@ impl KernelSet {
     /// token `t`; with `shared`, slots `tokens*topk + t` use the shared expert. The bank is
     /// `[E, 2I, H]` (gate rows then up rows); `out` is dense bf16 `[slots, I]` holding
     /// `silu(gate) * up`. `shared` must have the bank's encoding and `[2I, H]` shape.
-    /// With `tensor_cores`, an NVFP4 bank runs on the tensor cores instead (the same result up to
-    /// the f32 summation order; needs I % 16 == 0 and H % 64 == 0).
     pub fn moe_gate_up(
         &self,
         stream: &CudaStream,
@@ -357,15 +355,8 @@ impl KernelSet {
         topk: usize,
         ids: &impl DevicePtr<i32>,
         out: &mut impl DevicePtrMut<bf16>,
-        tensor_cores: bool,
     ) -> Result<()> {
-        let enc = bank.encoding();
-        let c = Check::new(if tensor_cores { Kernel::MoeGateUpNvfp4Mma } else { bank_kernels(enc).0 });
-        if tensor_cores {
-            c.ensure(enc == Encoding::Nvfp4 && bank.rows.is_multiple_of(32) && bank.cols.is_multiple_of(64), || {
-                format!("tensor-core gate_up takes NVFP4 banks with I % 16 == 0 and H % 64 == 0, not {enc:?} {}x{}", bank.rows, bank.cols)
-            })?;
-        }
+        let c = Check::new(bank_kernels(bank.encoding()).0);
         c.ensure(bank.rows.is_multiple_of(2), || {
             format!("gate_up rows {} are not even", bank.rows)
         })?;
@@ -406,13 +397,11 @@ impl KernelSet {
             accumulate: 0,
             pad: 0,
         };
-        // 16 rows per block on the tensor cores (one MMA tile per warp, K split over 8 warps).
-        let per_block = if tensor_cores { 16 } else { ROWS_PER_BLOCK };
         let cfg = LaunchConfig {
             // Slots on x: a prompt pass has tokens × (topk + 1) of them, past y's 65,535.
             grid_dim: (
                 c.i32("slots", slots)? as u32,
-                blocks(inter, per_block),
+                blocks(inter, ROWS_PER_BLOCK),
                 1,
             ),
             block_dim: (256, 1, 1),
@@ -426,8 +415,6 @@ impl KernelSet {
     /// `tokens*topk + t` when `shared` is given. `inp` is the dense `[slots, I]` output of
     /// [`KernelSet::moe_gate_up`], `route_w` f32 `[slots]`, the bank `[E, H, I]`, y `[tokens, ldy]`.
     /// With `accumulate`, y is added to (for bf16: `y = bf16(y + bf16(r))`).
-    /// With `tensor_cores`, an NVFP4 bank runs on the tensor cores instead (the same result up to
-    /// the f32 summation order; needs H % 16 == 0 and I % 64 == 0).
     pub fn moe_down<O: GemvOut>(
         &self,
         stream: &CudaStream,
@@ -441,15 +428,8 @@ impl KernelSet {
         y: &mut impl DevicePtrMut<O>,
         ldy: usize,
         accumulate: bool,
-        tensor_cores: bool,
     ) -> Result<()> {
-        let enc = bank.encoding();
-        let c = Check::new(if tensor_cores { Kernel::MoeDownNvfp4Mma } else { bank_kernels(enc).1 });
-        if tensor_cores {
-            c.ensure(enc == Encoding::Nvfp4 && bank.rows.is_multiple_of(16) && bank.cols.is_multiple_of(64), || {
-                format!("tensor-core down takes NVFP4 banks with H % 16 == 0 and I % 64 == 0, not {enc:?} {}x{}", bank.rows, bank.cols)
-            })?;
-        }
+        let c = Check::new(bank_kernels(bank.encoding()).1);
         let slots = self.check_shared(&c, bank, shared, tokens, topk)?;
         c.ensure(bank.cols.is_multiple_of(8), || {
             format!("cols {} not a multiple of 8", bank.cols)
@@ -494,7 +474,7 @@ impl KernelSet {
         let cfg = LaunchConfig {
             grid_dim: (
                 c.i32("tokens", tokens)? as u32,
-                blocks(bank.rows, if tensor_cores { 16 } else { ROWS_PER_BLOCK }),
+                blocks(bank.rows, ROWS_PER_BLOCK),
                 1,
             ),
             block_dim: (256, 1, 1),

@@ -73,8 +73,6 @@ kernel_table! {
     MoeDownQ4 => "gemv", "ninfer_moe_down_q4_g32";
     MoeGateUpNvfp4 => "gemv", "ninfer_moe_gate_up_nvfp4";
     MoeDownNvfp4 => "gemv", "ninfer_moe_down_nvfp4";
-    MoeGateUpNvfp4Mma => "gemv", "ninfer_moe_gate_up_nvfp4_mma";
-    MoeDownNvfp4Mma => "gemv", "ninfer_moe_down_nvfp4_mma";
     MoeRoute => "moe", "ninfer_moe_route";
     EmbedBf16 => "embed", "ninfer_embed_bf16";
     EmbedQ8 => "embed", "ninfer_embed_q8_g32";

@@ -108,7 +108,7 @@ fn bench_moe_decode() {
         let per = if enc == Enc::Nvfp4 { 0.5625 } else { 1.0625 };
         let bytes = (k + 1) as f64 * (2 * i * h) as f64 * per;
         let ms = time_ms(&s, 50, || {
-            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, 1, k, &ids, &mut m, false)
+            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, 1, k, &ids, &mut m)
                 .unwrap()
         });
         report(
@@ -116,13 +116,6 @@ fn bench_moe_decode() {
             ms,
             bytes,
         );
-        if enc == Enc::Nvfp4 {
-            let ms = time_ms(&s, 50, || {
-                g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, 1, k, &ids, &mut m, true)
-                    .unwrap()
-            });
-            report(&format!("moe_gate_up_mma {enc:?} E={e} top{k}+shared"), ms, bytes);
-        }
         let ms = time_ms(&s, 50, || {
             g.ks.moe_down(
                 &s,
@@ -136,7 +129,6 @@ fn bench_moe_decode() {
                 &mut y,
                 h,
                 false,
-                false,
             )
             .unwrap()
         });
@@ -145,13 +137,6 @@ fn bench_moe_decode() {
             ms,
             bytes / 2.0,
         );
-        if enc == Enc::Nvfp4 {
-            let ms = time_ms(&s, 50, || {
-                g.ks.moe_down(&s, &dn.view(), Some(&sdnv), &m, 1, k, &ids, &w, &mut y, h, false, true)
-                    .unwrap()
-            });
-            report(&format!("moe_down_mma {enc:?} E={e} top{k}+shared"), ms, bytes / 2.0);
-        }
         finite_f32(&down(&s, &y));
     }
 }

@@ -332,25 +332,25 @@ fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize) -> Result
     match &mw.shared {
         Some(sh) if mw.fused => {
             let (sgu, sdn) = (cx.arena.mat(&sh.gate_up), cx.arena.mat(&sh.down));
-            cx.ks.moe_gate_up(cx.s, &gu, Some(&sgu), &ws.a, h, t, k, &ws.ids, &mut ws.gu, false).map_err(kern)?;
+            cx.ks.moe_gate_up(cx.s, &gu, Some(&sgu), &ws.a, h, t, k, &ws.ids, &mut ws.gu).map_err(kern)?;
             cx.mark("moe.gate_up", touched(&mw.gate_up) + shared(|sh| &sh.gate_up));
-            cx.ks.moe_down(cx.s, &dn, Some(&sdn), &ws.gu, t, k, &ws.ids, &ws.route_w, &mut ws.h, h, true, false).map_err(kern)?;
+            cx.ks.moe_down(cx.s, &dn, Some(&sdn), &ws.gu, t, k, &ws.ids, &ws.route_w, &mut ws.h, h, true).map_err(kern)?;
             cx.mark("moe.down", touched(&mw.down) + shared(|sh| &sh.down));
             Ok(())
         }
         shared => {
-            cx.ks.moe_gate_up(cx.s, &gu, None, &ws.a, h, t, k, &ws.ids, &mut ws.gu, false).map_err(kern)?;
+            cx.ks.moe_gate_up(cx.s, &gu, None, &ws.a, h, t, k, &ws.ids, &mut ws.gu).map_err(kern)?;
             cx.mark("moe.gate_up", touched(&mw.gate_up));
-            cx.ks.moe_down(cx.s, &dn, None, &ws.gu, t, k, &ws.ids, &ws.route_w, &mut ws.h, h, true, false).map_err(kern)?;
+            cx.ks.moe_down(cx.s, &dn, None, &ws.gu, t, k, &ws.ids, &ws.route_w, &mut ws.h, h, true).map_err(kern)?;
             cx.mark("moe.down", touched(&mw.down));
             let Some(sh) = shared else { return Ok(()) };
             // A shared expert of another encoding or width runs as a one-expert bank with id 0
             // for every token, weighted by its sigmoid gate (stored after the routed weights).
             let (sgu, sdn) = (cx.arena.mat(&sh.gate_up), cx.arena.mat(&sh.down));
             let gate_w = ws.route_w.slice(t * k..);
-            cx.ks.moe_gate_up(cx.s, &sgu, None, &ws.a, h, t, 1, &tb.zeros, &mut ws.gu, false).map_err(kern)?;
+            cx.ks.moe_gate_up(cx.s, &sgu, None, &ws.a, h, t, 1, &tb.zeros, &mut ws.gu).map_err(kern)?;
             cx.mark("moe.shared_gate_up", sh.gate_up.bytes());
-            cx.ks.moe_down(cx.s, &sdn, None, &ws.gu, t, 1, &tb.zeros, &gate_w, &mut ws.h, h, true, false).map_err(kern)?;
+            cx.ks.moe_down(cx.s, &sdn, None, &ws.gu, t, 1, &tb.zeros, &gate_w, &mut ws.h, h, true).map_err(kern)?;
             cx.mark("moe.shared_down", sh.down.bytes());
             Ok(())
         }
