@@ -55,6 +55,8 @@ struct KvWriteArgs {
 static_assert(sizeof(KvWriteArgs) == 72, "mirrored in crates/ninfer-kernels/src/attention.rs");
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_kv_write(KvWriteArgs a) {
+    grid_release();
+    grid_wait();
     const int t = blockIdx.x;
     const int slot = a.slot[t];
     if (slot < 0) return;
@@ -110,6 +112,8 @@ __device__ __forceinline__ void gate_store(bf16* out, const bf16* gate, const fl
 }
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) ninfer_attention(AttnArgs a) {
+    grid_release();
+    grid_wait();
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int s = blockIdx.z;
     const int kvh = blockIdx.y / a.splits;
@@ -280,6 +284,8 @@ struct CombineArgs {
 static_assert(sizeof(CombineArgs) == 56, "mirrored in crates/ninfer-kernels/src/attention.rs");
 
 extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(CombineArgs a) {
+    grid_release();
+    grid_wait();
     __shared__ float weight[ATT_MAX_SPLITS];  // 2^(m_i - M) per split
     __shared__ float o_row[ATT_MAX_DIM];
     __shared__ float red[8];

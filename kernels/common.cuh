@@ -63,6 +63,23 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     return r;
 }
 
+// Brings the 128-byte line holding p into L2 without waiting for it (weights a kernel is about
+// to read, requested before it waits on the kernel ahead of it).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// Programmatic dependent launch (PTX ISA "griddepcontrol", sm_90+). Every kernel but the
+// cooperative sampler is launched allowed to start while the kernel ahead of it in the stream
+// is still running (launch.rs), so every kernel keeps this rule: nothing before `grid_wait()`
+// reads memory an earlier kernel writes, or writes memory at all. Before it a kernel may only
+// compute indices and read weights (never written by a kernel). `grid_wait()` returns once the
+// grids this one depends on have completed and their writes are visible; launched without the
+// attribute it returns at once. `grid_release()` lets the next kernel start its own blocks
+// (which then run up to their `grid_wait()`); every kernel calls it first thing.
+__device__ __forceinline__ void grid_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // E4M3 (float8_e4m3fn) byte -> f32, exact; S.1111.111 decodes to NaN (format.md 3).
 __device__ __forceinline__ float e4m3_to_f(uint8_t b) {
     const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);

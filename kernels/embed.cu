@@ -21,6 +21,8 @@ struct EmbedArgs {
 static_assert(sizeof(EmbedArgs) == 48, "mirrored in crates/ninfer-kernels/src/embed.rs");
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_embed_bf16(EmbedArgs a) {
+    grid_release();
+    grid_wait();
     const int t = blockIdx.x;
     const int id = a.ids[t];
     const bool ok = id >= 0 && id < a.vocab;
@@ -33,6 +35,8 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_embed_bf16(EmbedArgs a)
 }
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_embed_q8_g32(EmbedArgs a) {
+    grid_release();
+    grid_wait();
     const int t = blockIdx.x;
     const int id = a.ids[t];
     const bool ok = id >= 0 && id < a.vocab;

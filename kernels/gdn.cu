@@ -39,6 +39,8 @@ struct ConvArgs {
 static_assert(sizeof(ConvArgs) == 64, "mirrored in crates/ninfer-kernels/src/gdn.rs");
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_gdn_conv(ConvArgs a) {
+    grid_release();
+    grid_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     const int s = blockIdx.y;
     if (c >= a.channels) return;
@@ -90,6 +92,8 @@ static_assert(sizeof(RecArgs) == 104, "mirrored in crates/ninfer-kernels/src/gdn
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
 extern "C" __global__ void __launch_bounds__(256) ninfer_gdn_recurrent(RecArgs a) {
+    grid_release();
+    grid_wait();
     __shared__ float qs[GDN_MAX_DK];
     __shared__ float ks[GDN_MAX_DK];
     __shared__ float red[2][GDN_SLICES][32];

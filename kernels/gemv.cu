@@ -27,6 +27,11 @@
 //   y = bf16(y + bf16(r)), the residual add in the model dtype). Each output is produced by one
 //   warp (no atomics), so results are deterministic. Launch: block 256,
 //   grid (tokens, ceil(H / 8)).
+//
+// Dependent launch (common.cuh): the dense kernels load their first weight chunks and ask L2
+// for the rest of their rows before grid_wait(), so a projection's weights stream in while the
+// kernel ahead of it (a norm, the recurrence) finishes; the expert kernels wait first (their
+// experts are data), except the shared expert's slots of gate_up.
 #include "quant.cuh"
 
 struct GemvArgs {
@@ -90,30 +95,42 @@ __device__ __forceinline__ float chunk_dot(const float (&w)[Enc::CHUNK], const f
     return acc;
 }
 
+// Chunk loads a lane keeps in flight: a whole 2,048-wide q8 or 4-bit row at batch <= 4; two at
+// larger batches, whose accumulators need the registers.
+
 template <typename Enc, int NB>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
     constexpr int CH = Enc::CHUNK;
+    constexpr int D = NB <= 4 ? 4 : 2;
+    grid_release();
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (row >= a.m.rows) return;
     const int nchunks = a.m.cols / CH;
+    // The weights are ready before the kernel ahead has finished: load the first D chunks and
+    // ask L2 for the rest of the row, then wait for x.
+    typename Enc::Raw raw[D];
+#pragma unroll
+    for (int i = 0; i < D; ++i)
+        if (lane + 32 * i < nchunks) raw[i] = Enc::load(a.m, 0, row, lane + 32 * i);
+    for (int c = lane + 32 * D; c < nchunks; c += 32) Enc::prefetch(a.m, 0, row, c);
+    grid_wait();
     float acc[NB];
 #pragma unroll
     for (int b = 0; b < NB; ++b) acc[b] = 0.f;
-    int c = lane;
-    typename Enc::Raw raw;
-    if (c < nchunks) raw = Enc::load(a.m, 0, row, c);
-    while (c < nchunks) {
-        const int cn = c + 32;
-        typename Enc::Raw next = raw;
-        if (cn < nchunks) next = Enc::load(a.m, 0, row, cn);  // keep a second load in flight
-        float w[CH], sc[Enc::GROUPS];
-        Enc::dequant(raw, w, sc);
+    for (int base = lane; base < nchunks; base += 32 * D) {
 #pragma unroll
-        for (int b = 0; b < NB; ++b)
-            if (b < a.batch) acc[b] += chunk_dot<Enc>(w, sc, a.x + (size_t)b * a.ldx + (size_t)c * CH);
-        raw = next;
-        c = cn;
+        for (int i = 0; i < D; ++i) {
+            const int c = base + 32 * i;
+            if (c >= nchunks) break;
+            const typename Enc::Raw cur = raw[i];
+            if (c + 32 * D < nchunks) raw[i] = Enc::load(a.m, 0, row, c + 32 * D);
+            float w[CH], sc[Enc::GROUPS];
+            Enc::dequant(cur, w, sc);
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+                if (b < a.batch) acc[b] += chunk_dot<Enc>(w, sc, a.x + (size_t)b * a.ldx + (size_t)c * CH);
+        }
     }
     warp_sum(acc);
     const float mul = row_multiplier<Enc>(a.m, 0, row);
@@ -126,6 +143,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
 template <typename Enc>
 __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
     constexpr int CH = Enc::CHUNK;
+    grid_release();
     const int lane = threadIdx.x & 31;
     const int s = blockIdx.x;
     const bool shared = s >= a.tokens * a.topk;
@@ -134,6 +152,9 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
     const int j = blockIdx.y * 8 + (threadIdx.x >> 5);
     if (j >= inter) return;
     const int t = shared ? s - a.tokens * a.topk : s / a.topk;
+    // A routed slot's expert comes from the kernel ahead; the shared expert's rows do not, so
+    // its slots load them before waiting.
+    if (!shared) grid_wait();
     const int e = shared ? 0 : __ldg(a.ids + s);
     bf16* out = static_cast<bf16*>(a.y) + (size_t)s * inter + j;
     if (e < 0 || e >= m.experts) {
@@ -149,6 +170,7 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
         rg = Enc::load(m, e, j, c);
         ru = Enc::load(m, e, inter + j, c);
     }
+    if (shared) grid_wait();
     while (c < nchunks) {
         const int cn = c + 32;
         typename Enc::Raw ng = rg, nu = ru;
@@ -178,6 +200,8 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
 template <typename Enc>
 __device__ __forceinline__ void down_body(const BankArgs& a) {
     constexpr int CH = Enc::CHUNK;
+    grid_release();
+    grid_wait();
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x;
     const int n = blockIdx.y * 8 + (threadIdx.x >> 5);
@@ -234,12 +258,15 @@ __device__ __forceinline__ void down_body(const BankArgs& a) {
     NINFER_GEMV(name, Enc, 4)      \
     NINFER_GEMV(name, Enc, 8)      \
     NINFER_GEMV(name, Enc, 16)
-#define NINFER_BANK(name, Enc)                                                           \
-    extern "C" __global__ void __launch_bounds__(256) ninfer_moe_gate_up_##name(BankArgs a) { \
-        gate_up_body<Enc>(a);                                                            \
-    }                                                                                    \
-    extern "C" __global__ void __launch_bounds__(256) ninfer_moe_down_##name(BankArgs a) {    \
-        down_body<Enc>(a);                                                               \
+// Three blocks per SM for the expert kernels (at most 85 registers, against 91-98 unbounded):
+// a decode step's experts are a few thousand short rows, so the bytes in flight per SM, not
+// the instructions, bound them.
+#define NINFER_BANK(name, Enc)                                                              \
+    extern "C" __global__ void __launch_bounds__(256, 3) ninfer_moe_gate_up_##name(BankArgs a) { \
+        gate_up_body<Enc>(a);                                                               \
+    }                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 3) ninfer_moe_down_##name(BankArgs a) {    \
+        down_body<Enc>(a);                                                                  \
     }
 
 NINFER_GEMV_ALL(bf16, EncBf16)

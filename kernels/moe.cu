@@ -31,6 +31,8 @@ struct RouteArgs {
 static_assert(sizeof(RouteArgs) == 48, "mirrored in crates/ninfer-kernels/src/moe.rs");
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_moe_route(RouteArgs a) {
+    grid_release();
+    grid_wait();
     const int t = blockIdx.x * 4 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (t >= a.tokens) return;

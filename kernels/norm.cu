@@ -66,6 +66,8 @@ __device__ __forceinline__ void store_zc_norm(const bf16* x, const bf16* w, bf16
 }
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_rms_norm(NormArgs a) {
+    grid_release();
+    grid_wait();
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
     if (row >= a.rows) return;
     const bf16* x = a.x + (size_t)row * a.ldx;
@@ -74,6 +76,8 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_rms_norm(NormArgs a) {
 }
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_add_rms_norm(NormArgs a) {
+    grid_release();
+    grid_wait();
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
     if (row >= a.rows) return;
     const int lane = threadIdx.x;
@@ -96,6 +100,8 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_add_rms_norm(NormArgs a
 }
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_gated_rms_norm(NormArgs a) {
+    grid_release();
+    grid_wait();
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
     if (row >= a.rows) return;
     const int lane = threadIdx.x;

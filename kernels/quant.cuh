@@ -3,6 +3,7 @@
 // (8 bf16, 16 q8, or 32 packed 4/6-bit elements), plus the matching scale bytes. `dequant`
 // yields the chunk's values without their scales and the GROUPS scales of the chunk's equal
 // parts, so that dot products apply each scale once per group instead of once per element.
+// `prefetch` asks L2 for a chunk's main part (its scales are small and read through L1).
 // A matrix may be a bank of `experts` matrices of `rows` x `cols` stored back to back.
 #pragma once
 #include "common.cuh"
@@ -38,6 +39,9 @@ struct EncBf16 {
         const size_t base = ((size_t)e * m.rows + row) * m.cols;
         return {ld_stream16(static_cast<const bf16*>(m.p0) + base + (size_t)c * CHUNK)};
     }
+    __device__ static void prefetch(const Mat& m, int e, int row, int c) {
+        prefetch_l2(static_cast<const bf16*>(m.p0) + ((size_t)e * m.rows + row) * m.cols + (size_t)c * CHUNK);
+    }
     __device__ static void dequant(const Raw& r, float w[CHUNK], float sc[GROUPS]) {
         unpack_bf8(r.d, w);
         sc[0] = 1.f;
@@ -54,6 +58,9 @@ struct EncQ8 {
         out.q = ld_stream16(static_cast<const int8_t*>(m.p0) + r * m.cols + (size_t)c * CHUNK);
         out.s = __ldg(static_cast<const uint16_t*>(m.p1) + r * (m.cols / 32) + c / 2);
         return out;
+    }
+    __device__ static void prefetch(const Mat& m, int e, int row, int c) {
+        prefetch_l2(static_cast<const int8_t*>(m.p0) + ((size_t)e * m.rows + row) * m.cols + (size_t)c * CHUNK);
     }
     __device__ static void dequant(const Raw& r, float w[CHUNK], float sc[GROUPS]) {
         sc[0] = f16_bits_to_f(r.s);
@@ -76,6 +83,9 @@ struct EncQ4 {
         out.q = ld_stream16(static_cast<const uint8_t*>(m.p0) + r * (m.cols / 2) + (size_t)c * 16);
         out.s = __ldg(static_cast<const uint16_t*>(m.p1) + r * (m.cols / 32) + c);
         return out;
+    }
+    __device__ static void prefetch(const Mat& m, int e, int row, int c) {
+        prefetch_l2(static_cast<const uint8_t*>(m.p0) + ((size_t)e * m.rows + row) * (m.cols / 2) + (size_t)c * 16);
     }
     __device__ static void dequant(const Raw& r, float w[CHUNK], float sc[GROUPS]) {
         sc[0] = f16_bits_to_f(r.s);
@@ -105,6 +115,9 @@ struct EncQ6 {
                                                       r * (m.cols / 4) + (size_t)c * 8));
         out.s = __ldg(static_cast<const uint16_t*>(m.p2) + r * (m.cols / 64) + c / 2);
         return out;
+    }
+    __device__ static void prefetch(const Mat& m, int e, int row, int c) {
+        prefetch_l2(static_cast<const uint8_t*>(m.p0) + ((size_t)e * m.rows + row) * (m.cols / 2) + (size_t)c * 16);
     }
     __device__ static void dequant(const Raw& r, float w[CHUNK], float sc[GROUPS]) {
         sc[0] = f16_bits_to_f(r.s);
@@ -143,6 +156,9 @@ struct EncNvfp4 {
         out.s = __ldg(reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(m.p1) +
                                                         r * (m.cols / 16) + (size_t)c * 2));
         return out;
+    }
+    __device__ static void prefetch(const Mat& m, int e, int row, int c) {
+        prefetch_l2(static_cast<const uint8_t*>(m.p0) + ((size_t)e * m.rows + row) * (m.cols / 2) + (size_t)c * 16);
     }
     __device__ static void dequant(const Raw& r, float w[CHUNK], float sc[GROUPS]) {
         const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};

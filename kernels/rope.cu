@@ -41,6 +41,8 @@ struct RopeArgs {
 static_assert(sizeof(RopeArgs) == 88, "mirrored in crates/ninfer-kernels/src/rope.rs");
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a) {
+    grid_release();
+    grid_wait();
     __shared__ float buf[4][ROPE_MAX_DIM];
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;

@@ -222,6 +222,8 @@ __device__ uint32_t radix_select(cg::grid_group& grid, const float* row, int lo,
 }
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) ninfer_sample(SampleArgs a) {
+    grid_release();
+    grid_wait();
     cg::grid_group grid = cg::this_grid();
     __shared__ SampleShared sh;
     const int S = gridDim.x, b = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;

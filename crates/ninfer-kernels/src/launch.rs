@@ -2,7 +2,7 @@
 //! cudarc slices and views (with their stream-ordering guards), and the launch call itself.
 
 use cudarc::driver::{
-    CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, LaunchConfig, PushKernelArg,
+    sys, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, LaunchConfig, PushKernelArg,
     SyncOnDrop,
 };
 
@@ -132,20 +132,49 @@ impl KernelSet {
 
     fn launch_with<A: DeviceRepr>(&self, stream: &CudaStream, kernel: Kernel, cfg: LaunchConfig, args: &A, cooperative: bool) -> Result<()> {
         check_grid(kernel, &cfg)?;
-        let mut builder = stream.launch_builder(self.function(kernel));
-        builder.arg(args);
-        // SAFETY: each launcher checked the buffer sizes, shapes and alignment the kernel's
-        // contract requires, and `A` mirrors the kernel's parameter struct field for field.
-        let launched = unsafe {
-            if cooperative {
-                builder.launch_cooperative(cfg)
-            } else {
-                builder.launch(cfg)
-            }
+        let launched = if cooperative {
+            let mut builder = stream.launch_builder(self.function(kernel));
+            builder.arg(args);
+            // SAFETY: each launcher checked the buffer sizes, shapes and alignment the kernel's
+            // contract requires, and `A` mirrors the kernel's parameter struct field for field.
+            unsafe { builder.launch_cooperative(cfg) }.map(|_| ())
+        } else {
+            // SAFETY: as above.
+            unsafe { launch_dependent(stream, self.function(kernel).cu_function(), cfg, args) }
         };
-        launched.map_err(|e| launch_error(kernel, cfg, e))?;
-        Ok(())
+        launched.map_err(|e| launch_error(kernel, cfg, e))
     }
+}
+
+/// Launches with programmatic stream serialization allowed: the kernel may start while the
+/// one ahead of it in the stream runs, and waits for it inside (`grid_wait()`, common.cuh, a
+/// rule every kernel keeps). This hides most of a launch's latency between dependent kernels,
+/// in CUDA graphs too, and lets a projection read its weights early.
+///
+/// # Safety
+/// `args` must mirror the kernel's single parameter struct, and the buffers it points at must
+/// be valid for what the kernel does with them.
+unsafe fn launch_dependent<A: DeviceRepr>(stream: &CudaStream, f: sys::CUfunction, cfg: LaunchConfig, args: &A) -> std::result::Result<(), DriverError> {
+    stream.context().bind_to_thread()?;
+    // SAFETY: the attribute value is a C union; zeroed is a valid value of every member.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut params = [args as *const A as *mut std::ffi::c_void];
+    // SAFETY: the caller's contract; `params` and `config` outlive the call, which copies them.
+    unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }.result()
 }
 
 /// The grid limits of every CUDA device since compute capability 3.0: x below 2^31, y and z at

@@ -173,3 +173,26 @@ impl KernelSet {
         self.num_sms
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::MODULE_IMAGES;
+
+    /// Every kernel is launched allowed to overlap the one ahead of it (launch.rs), which is
+    /// safe only because each waits for it inside: every entry of the compute_90 PTX must hold
+    /// `griddepcontrol.wait` (and release its dependents). Needs no GPU.
+    #[test]
+    fn every_kernel_waits_for_the_kernel_ahead() {
+        let mut entries = 0;
+        for img in MODULE_IMAGES {
+            let ptx = std::str::from_utf8(img.ptx).expect("PTX is text");
+            for body in ptx.split(".entry ").skip(1) {
+                let name = body.split('(').next().unwrap_or("").trim();
+                assert!(body.contains("griddepcontrol.wait"), "{}: kernel {name} never waits for the kernel ahead", img.name);
+                assert!(body.contains("griddepcontrol.launch_dependents"), "{}: kernel {name} never releases its dependents", img.name);
+                entries += 1;
+            }
+        }
+        assert_eq!(entries, crate::table::Kernel::ALL.len(), "PTX entries against the kernel table");
+    }
+}
