@@ -82,7 +82,8 @@ for exe in "${bins[@]}"; do
             echo "FAILED $bin $t"
             grep -E 'panicked at|error|Error' -A2 "$log" | head -n 8
         fi
-        grep -E '^BENCH ' "$log" || true
+        # a test's first line follows cargo's "test NAME ... " on the same line
+        grep -oE 'BENCH .*' "$log" || true
     done
     [ $fail -gt 0 ] && failed=1
     summary+=("$bin: $pass passed, $fail failed ($(( $(date +%s) - start )) s)")

@@ -188,10 +188,11 @@ def _aggregate(runs: list[list[tuple[str, float, int]]]) -> list[KernelTime]:
 def profile_steps(artifact: str, device: str = "cuda", prompt: int = 512, steps: int = 8) -> dict[str, list[KernelTime]]:
     """Where a step spends its time, kernel by kernel: the `prompt`-token prefill of a random
     prompt ("prefill", one step) and the `steps` greedy batch-1 decode steps after it ("decode",
-    their mean), each run eagerly with CUDA events between launches (the backend's
-    `profile_step`). A throwaway prompt and decode step first load the modules and fill the
-    caches. Eager steps pay host launch gaps that a graph replay does not, so a decode step's sum
-    exceeds its time in the engine."""
+    their mean), with CUDA events between launches (the backend's `profile_step`). A throwaway
+    prompt and decode step first load the modules and fill the caches. The prefill runs eagerly
+    and pays host launch gaps; a decode step is a CUDA graph with the events as nodes in it,
+    which keep each launch from overlapping the one ahead, so its sum exceeds the step's time in
+    the engine by about a launch latency per launch."""
     runner = _core.Runner(artifact, device=device, max_slots=2, max_context=prompt + steps + 8)
     vocab = json.loads(_core.Artifact(artifact).header_json())["components"]["text"]["vocab_size"]
     ids = _random_prompt(min(vocab, 150000), prompt, 0)

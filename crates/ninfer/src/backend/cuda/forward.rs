@@ -34,7 +34,7 @@ pub(super) struct Ctx<'a> {
     pub dims: &'a Dims,
     pub model: &'a ModelW,
     pub arena: &'a Arena,
-    /// Set when the pass is profiled (eager passes only: a graph capture records no events).
+    /// Set when the pass is profiled (profile.rs).
     pub prof: Option<&'a RefCell<Profiler>>,
 }
 

@@ -341,7 +341,8 @@ impl Backend for CudaBackend {
         self.run_step(rows, None)
     }
 
-    /// Runs the step eagerly (no graph) with CUDA events between its launches.
+    /// Runs the step with CUDA events between its launches: a decode pass as a graph of its own
+    /// (when graphs are on), any other pass eagerly.
     fn profile_step(&mut self, rows: &[StepInput<'_>]) -> Result<(Vec<RowLogits>, Vec<LaunchTime>), BackendError> {
         let prof = profile::Profiler::start(&self.stream)?;
         let out = self.run_step(rows, Some(&prof))?;
@@ -373,7 +374,7 @@ impl CudaBackend {
                 Want::Last => rows[s.row].pick != Pick::Logits,
                 Want::All => false,
             });
-            let graph = self.graphs_on && prof.is_none() && pass.is_decode() && pass.segs.len() <= LOGIT_ROWS;
+            let graph = self.graphs_on && pass.is_decode() && pass.segs.len() <= LOGIT_ROWS;
             let max_kv = pass.segs.iter().map(|s| s.pos0 + s.n).max().unwrap_or(0);
             let pad = graph.then(|| kv_bucket(max_kv, kv_cap));
             let slot_pages = &self.slot_pages;
@@ -390,7 +391,13 @@ impl CudaBackend {
             };
             if let Some(bucket) = pad {
                 upload_tables(&cx, &mut self.tables, &meta)?;
+                // A profiled step is a graph of its own, with the profile's events in it.
+                let profiled;
                 let graph = match self.graphs.entry((meta.seqs, bucket)) {
+                    _ if prof.is_some() => {
+                        profiled = Graph(capture(&cx, &mut self.states, &mut self.ws, &self.tables, &meta)?);
+                        &profiled
+                    }
                     Entry::Occupied(g) => g.into_mut(),
                     Entry::Vacant(v) => v.insert(Graph(capture(&cx, &mut self.states, &mut self.ws, &self.tables, &meta)?)),
                 };
@@ -446,7 +453,8 @@ fn sampling_rows(picks: &[Pick]) -> Option<Vec<SamplingRow>> {
 fn capture(cx: &Ctx, st: &mut States, ws: &mut Workspace, tables: &CudaSlice<i32>, meta: &plan::PassMeta) -> Result<CudaGraph, BackendError> {
     let what = "capturing a decode graph";
     cx.s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).map_err(drv(what))?;
-    let recorded = body(cx, st, ws, tables, meta).and_then(|_| head(cx, ws, tables, 0, meta.logit_rows.len()));
+    let restarted = cx.prof.map_or(Ok(()), |p| p.borrow_mut().restart_in_capture());
+    let recorded = restarted.and_then(|_| body(cx, st, ws, tables, meta)).and_then(|_| head(cx, ws, tables, 0, meta.logit_rows.len()));
     // The capture is ended whatever happened, so the stream is usable again.
     let graph = cx.s.end_capture(CUgraphInstantiate_flags(0)).map_err(drv(what));
     recorded?;
