@@ -10,6 +10,14 @@
 //   chunks per lane and whole scale groups. Every weight row and x row must start 16-byte
 //   aligned. y must not alias x or W.
 //
+// ninfer_gemv_q8_g32_mma_b<NB>  (NB: 8, 16)
+//   The q8_g32 contract above for batches of 5-16 rows, on the tensor cores: mma.m16n8k16 with
+//   bf16 operands and f32 accumulation. The int8 codes are exact in bf16 and x is bf16, so
+//   each MMA product is exact; a group's two MMAs (32 columns) are summed from zero and scaled
+//   by the group's f16 scale in f32, as the SIMT kernels do. Launch: block 128 = 4 warps on one
+//   16-row tile, the warps taking every fourth group of 32 columns and summing their partials
+//   in shared memory in warp order; grid ceil(N / 16).
+//
 // ninfer_moe_gate_up_<enc>
 //   For slot s < tokens*topk: token t = s / topk, expert e = ids[s]; for the optional shared
 //   slots s = tokens*topk + t the shared matrix is used instead. Bank rows 0..I-1 are the gate,
@@ -138,6 +146,131 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
     for (int b = 0; b < NB; ++b)
         if (b < a.batch && lane == b % 32)
             store_out(a.y, (size_t)b * a.ldy + row, acc[b] * mul, a.out_f32, 0);
+}
+
+// Four int8 codes (a u32) to two bf16x2 pairs, exactly: bytes 0-1 into `lo`, 2-3 into `hi`.
+__device__ __forceinline__ void i8x4_bf16(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    const uint32_t u = w ^ 0x80808080u;  // biased to 0..255, then 2^23 + b as f32 bits
+    const float f0 = byte_to_f(u, 0, MAGIC_2P23 + 128.f), f1 = byte_to_f(u, 1, MAGIC_2P23 + 128.f);
+    const float f2 = byte_to_f(u, 2, MAGIC_2P23 + 128.f), f3 = byte_to_f(u, 3, MAGIC_2P23 + 128.f);
+    lo = pack_bf2(f0, f1);
+    hi = pack_bf2(f2, f3);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+#define MMA_WARPS 4
+#define MMA_UNROLL 4
+
+// One lane's share of a 32-column group: 8 codes of its rows g and g + 8 (columns 8t..8t+7 of
+// the group, t = lane % 4) and the two rows' scales.
+struct Q8Group {
+    uint2 q[2];
+    uint16_t s[2];
+};
+
+__device__ __forceinline__ Q8Group load_q8_group(const Mat& m, int row0, int g, int t, int grp) {
+    Q8Group r;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        // Rows past the matrix read its last row; their outputs are not stored.
+        const size_t row = min(row0 + g + 8 * h, m.rows - 1);
+        const int8_t* q = static_cast<const int8_t*>(m.p0) + row * m.cols + grp * 32 + 8 * t;
+        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.q[h].x), "=r"(r.q[h].y) : "l"(q));
+        r.s[h] = __ldg(static_cast<const uint16_t*>(m.p1) + row * (m.cols / 32) + grp);
+    }
+    return r;
+}
+
+// The MMA k order: in step s (0, 1) of a group, lane t's k indices 2t, 2t+1 are columns
+// 8t+4s, 8t+4s+1 and 2t+8, 2t+9 are columns 8t+4s+2, 8t+4s+3, for A and B alike, so each lane
+// reads 8 contiguous codes of a row and 8 contiguous x values per group.
+template <int NT>
+__device__ __forceinline__ void q8_group_mma(float (&acc)[NT][4], const Q8Group& w, const uint4 (&xb)[NT]) {
+    const float s0 = f16_bits_to_f(w.s[0]), s1 = f16_bits_to_f(w.s[1]);
+    float d[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.f;
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+        uint32_t a0, a2, a1, a3;
+        i8x4_bf16(st ? w.q[0].y : w.q[0].x, a0, a2);  // row g
+        i8x4_bf16(st ? w.q[1].y : w.q[1].x, a1, a3);  // row g + 8
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const uint32_t b0 = st ? xb[n].z : xb[n].x, b1 = st ? xb[n].w : xb[n].y;
+            mma_bf16(d[n], a0, a1, a2, a3, b0, b1);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        acc[n][0] = fmaf(d[n][0], s0, acc[n][0]);
+        acc[n][1] = fmaf(d[n][1], s0, acc[n][1]);
+        acc[n][2] = fmaf(d[n][2], s1, acc[n][2]);
+        acc[n][3] = fmaf(d[n][3], s1, acc[n][3]);
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void gemv_q8_mma_body(const GemvArgs& a) {
+    __shared__ float part[MMA_WARPS][16][8 * NT];
+    grid_release();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * 16;
+    const int groups = a.m.cols / 32;
+    float acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    Q8Group w[MMA_UNROLL];
+#pragma unroll
+    for (int u = 0; u < MMA_UNROLL; ++u) {
+        const int grp = warp + MMA_WARPS * u;
+        if (grp < groups) w[u] = load_q8_group(a.m, row0, g, t, grp);
+    }
+    grid_wait();
+    for (int base = warp; base < groups; base += MMA_WARPS * MMA_UNROLL) {
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; ++u) {
+            const int grp = base + MMA_WARPS * u;
+            if (grp >= groups) break;
+            const Q8Group cur = w[u];
+            const int next = grp + MMA_WARPS * MMA_UNROLL;
+            if (next < groups) w[u] = load_q8_group(a.m, row0, g, t, next);
+            // B: x rows g (and 8 + g) at this lane's 8 columns; rows past the batch are zero.
+            uint4 xb[NT];
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                const int b = 8 * n + g;
+                xb[n] = b < a.batch ? ldg16(a.x + (size_t)b * a.ldx + grp * 32 + 8 * t) : make_uint4(0, 0, 0, 0);
+            }
+            q8_group_mma<NT>(acc, cur, xb);
+        }
+    }
+    // C: acc[n][0..1] are row g, batch rows 8n + 2t, 8n + 2t + 1; acc[n][2..3] the same of g + 8.
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        part[warp][g][8 * n + 2 * t] = acc[n][0];
+        part[warp][g][8 * n + 2 * t + 1] = acc[n][1];
+        part[warp][g + 8][8 * n + 2 * t] = acc[n][2];
+        part[warp][g + 8][8 * n + 2 * t + 1] = acc[n][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * 8 * NT; i += blockDim.x) {
+        const int r = i / (8 * NT), b = i - r * 8 * NT;
+        if (row0 + r >= a.m.rows || b >= a.batch) continue;
+        float sum = 0.f;
+#pragma unroll
+        for (int v = 0; v < MMA_WARPS; ++v) sum += part[v][r][b];
+        store_out(a.y, (size_t)b * a.ldy + row0 + r, sum, a.out_f32, 0);
+    }
 }
 
 template <typename Enc>
@@ -270,7 +403,11 @@ __device__ __forceinline__ void down_body(const BankArgs& a) {
     }
 
 NINFER_GEMV_ALL(bf16, EncBf16)
-NINFER_GEMV_ALL(q8_g32, EncQ8)
+NINFER_GEMV(q8_g32, EncQ8, 1)
+NINFER_GEMV(q8_g32, EncQ8, 2)
+NINFER_GEMV(q8_g32, EncQ8, 4)
+extern "C" __global__ void __launch_bounds__(128) ninfer_gemv_q8_g32_mma_b8(GemvArgs a) { gemv_q8_mma_body<1>(a); }
+extern "C" __global__ void __launch_bounds__(128) ninfer_gemv_q8_g32_mma_b16(GemvArgs a) { gemv_q8_mma_body<2>(a); }
 NINFER_GEMV_ALL(q6_g64, EncQ6)
 NINFER_GEMV_ALL(q4_g32, EncQ4)
 NINFER_GEMV_ALL(nvfp4, EncNvfp4)

@@ -46,8 +46,8 @@ kernel_table! {
     GemvQ8B1 => "gemv", "ninfer_gemv_q8_g32_b1";
     GemvQ8B2 => "gemv", "ninfer_gemv_q8_g32_b2";
     GemvQ8B4 => "gemv", "ninfer_gemv_q8_g32_b4";
-    GemvQ8B8 => "gemv", "ninfer_gemv_q8_g32_b8";
-    GemvQ8B16 => "gemv", "ninfer_gemv_q8_g32_b16";
+    GemvQ8MmaB8 => "gemv", "ninfer_gemv_q8_g32_mma_b8";
+    GemvQ8MmaB16 => "gemv", "ninfer_gemv_q8_g32_mma_b16";
     GemvQ6B1 => "gemv", "ninfer_gemv_q6_g64_b1";
     GemvQ6B2 => "gemv", "ninfer_gemv_q6_g64_b2";
     GemvQ6B4 => "gemv", "ninfer_gemv_q6_g64_b4";

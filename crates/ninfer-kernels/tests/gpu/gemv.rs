@@ -53,6 +53,8 @@ fn gemv_all_encodings_small_shapes() {
         // Few chunks per row, 37 rows: neither a multiple of the lanes nor of the 8 rows a block.
         run_case(enc, 37, 192, 1, 192, 1, 10 + i as u64);
         run_case(enc, 5, 64 * 37, 3, 64 * 37 + 16, 1, 20 + i as u64);
+        // A batch for the tensor-core kernels (q8_g32): 37 rows, 6 groups over 4 warps.
+        run_case(enc, 37, 192, 9, 200, 1, 30 + i as u64);
     }
 }
 
