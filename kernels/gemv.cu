@@ -10,13 +10,16 @@
 //   chunks per lane and whole scale groups. Every weight row and x row must start 16-byte
 //   aligned. y must not alias x or W.
 //
-// ninfer_gemv_q8_g32_mma_b<NB>  (NB: 8, 16)
-//   The q8_g32 contract above for batches of 5-16 rows, on the tensor cores: mma.m16n8k16 with
-//   bf16 operands and f32 accumulation. The int8 codes are exact in bf16 and x is bf16, so
-//   each MMA product is exact; a group's two MMAs (32 columns) are summed from zero and scaled
-//   by the group's f16 scale in f32, as the SIMT kernels do. Launch: block 128 = 4 warps on one
-//   16-row tile, the warps taking every fourth group of 32 columns and summing their partials
-//   in shared memory in warp order; grid ceil(N / 16).
+//   bf16 and q8_g32 have only the b1 kernel: their batches of 2-16 rows take the next two.
+//
+// ninfer_gemv_<enc>_mma_b<NB>  (enc: bf16, q8_g32; NB: 8, 16)
+//   The contract above for batches of 2-8 (b8) and 9-16 (b16) rows, on the tensor cores:
+//   mma.m16n8k16 with bf16 operands and f32 accumulation. bf16 weights and int8 codes are exact
+//   in bf16 and x is bf16, so each product is exact; a q8 group's two MMAs (32 columns) are
+//   summed from zero and scaled by the group's f16 scale in f32, as the SIMT kernels do. K must
+//   be a multiple of 32. Launch: block 256 = 8 warps on one 16-row tile, warp w taking the
+//   32-column groups w, w+8, ... and the warps' partials summed in shared memory in warp
+//   order; grid ceil(N / 16).
 //
 // ninfer_moe_gate_up_<enc>
 //   For slot s < tokens*topk: token t = s / topk, expert e = ids[s]; for the optional shared
@@ -166,49 +169,75 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-#define MMA_WARPS 4
+#define MMA_WARPS 8
 #define MMA_UNROLL 4
 
-// One lane's share of a 32-column group: 8 codes of its rows g and g + 8 (columns 8t..8t+7 of
-// the group, t = lane % 4) and the two rows' scales.
-struct Q8Group {
-    uint2 q[2];
-    uint16_t s[2];
+// One lane's share of a 32-column group, for the rows g and g + 8 of a 16-row tile (t = lane
+// % 4): 8 contiguous elements of each row (columns 8t..8t+7 of the group) and the rows' scales.
+// The MMA k order: in step s (0, 1) of a group, lane t's k indices 2t, 2t+1 are columns
+// 8t+4s, 8t+4s+1 and 2t+8, 2t+9 are columns 8t+4s+2, 8t+4s+3, for A and B alike, so that each
+// lane reads contiguous weights and x.
+struct MmaQ8 {
+    static constexpr bool SCALED = true;
+    struct Group { uint2 q[2]; uint16_t s[2]; };
+    __device__ static Group load(const Mat& m, int row0, int g, int t, int grp) {
+        Group r;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            // Rows past the matrix read its last row; their outputs are not stored.
+            const size_t row = min(row0 + g + 8 * h, m.rows - 1);
+            const int8_t* q = static_cast<const int8_t*>(m.p0) + row * m.cols + grp * 32 + 8 * t;
+            asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.q[h].x), "=r"(r.q[h].y) : "l"(q));
+            r.s[h] = __ldg(static_cast<const uint16_t*>(m.p1) + row * (m.cols / 32) + grp);
+        }
+        return r;
+    }
+    // A of step st: rows g then g + 8, k pairs (2t, 2t+1) then (2t+8, 2t+9).
+    __device__ static void a_regs(const Group& w, int st, uint32_t (&a)[4]) {
+        i8x4_bf16(st ? w.q[0].y : w.q[0].x, a[0], a[2]);
+        i8x4_bf16(st ? w.q[1].y : w.q[1].x, a[1], a[3]);
+    }
+    __device__ static float scale(const Group& w, int h) { return f16_bits_to_f(w.s[h]); }
 };
 
-__device__ __forceinline__ Q8Group load_q8_group(const Mat& m, int row0, int g, int t, int grp) {
-    Q8Group r;
+struct MmaBf16 {
+    static constexpr bool SCALED = false;
+    struct Group { uint4 d[2]; };
+    __device__ static Group load(const Mat& m, int row0, int g, int t, int grp) {
+        Group r;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        // Rows past the matrix read its last row; their outputs are not stored.
-        const size_t row = min(row0 + g + 8 * h, m.rows - 1);
-        const int8_t* q = static_cast<const int8_t*>(m.p0) + row * m.cols + grp * 32 + 8 * t;
-        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.q[h].x), "=r"(r.q[h].y) : "l"(q));
-        r.s[h] = __ldg(static_cast<const uint16_t*>(m.p1) + row * (m.cols / 32) + grp);
+        for (int h = 0; h < 2; ++h) {
+            const size_t row = min(row0 + g + 8 * h, m.rows - 1);
+            r.d[h] = ld_stream16(static_cast<const bf16*>(m.p0) + row * m.cols + grp * 32 + 8 * t);
+        }
+        return r;
     }
-    return r;
-}
+    __device__ static void a_regs(const Group& w, int st, uint32_t (&a)[4]) {
+        a[0] = st ? w.d[0].z : w.d[0].x;
+        a[2] = st ? w.d[0].w : w.d[0].y;
+        a[1] = st ? w.d[1].z : w.d[1].x;
+        a[3] = st ? w.d[1].w : w.d[1].y;
+    }
+    __device__ static float scale(const Group&, int) { return 1.f; }
+};
 
-// The MMA k order: in step s (0, 1) of a group, lane t's k indices 2t, 2t+1 are columns
-// 8t+4s, 8t+4s+1 and 2t+8, 2t+9 are columns 8t+4s+2, 8t+4s+3, for A and B alike, so each lane
-// reads 8 contiguous codes of a row and 8 contiguous x values per group.
-template <int NT>
-__device__ __forceinline__ void q8_group_mma(float (&acc)[NT][4], const Q8Group& w, const uint4 (&xb)[NT]) {
-    const float s0 = f16_bits_to_f(w.s[0]), s1 = f16_bits_to_f(w.s[1]);
+// One group: its two MMA steps summed from zero per n tile, then scaled per row into acc.
+template <typename M, int NT>
+__device__ __forceinline__ void group_mma(float (&acc)[NT][4], const typename M::Group& w, const uint4 (&xb)[NT]) {
     float d[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.f;
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
-        uint32_t a0, a2, a1, a3;
-        i8x4_bf16(st ? w.q[0].y : w.q[0].x, a0, a2);  // row g
-        i8x4_bf16(st ? w.q[1].y : w.q[1].x, a1, a3);  // row g + 8
+        uint32_t a[4];
+        M::a_regs(w, st, a);
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
             const uint32_t b0 = st ? xb[n].z : xb[n].x, b1 = st ? xb[n].w : xb[n].y;
-            mma_bf16(d[n], a0, a1, a2, a3, b0, b1);
+            mma_bf16(d[n], a[0], a[1], a[2], a[3], b0, b1);
         }
     }
+    const float s0 = M::scale(w, 0), s1 = M::scale(w, 1);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
         acc[n][0] = fmaf(d[n][0], s0, acc[n][0]);
@@ -218,8 +247,8 @@ __device__ __forceinline__ void q8_group_mma(float (&acc)[NT][4], const Q8Group&
     }
 }
 
-template <int NT>
-__device__ __forceinline__ void gemv_q8_mma_body(const GemvArgs& a) {
+template <typename M, int NT>
+__device__ __forceinline__ void gemv_mma_body(const GemvArgs& a) {
     __shared__ float part[MMA_WARPS][16][8 * NT];
     grid_release();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -229,11 +258,11 @@ __device__ __forceinline__ void gemv_q8_mma_body(const GemvArgs& a) {
     float acc[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-    Q8Group w[MMA_UNROLL];
+    typename M::Group w[MMA_UNROLL];
 #pragma unroll
     for (int u = 0; u < MMA_UNROLL; ++u) {
         const int grp = warp + MMA_WARPS * u;
-        if (grp < groups) w[u] = load_q8_group(a.m, row0, g, t, grp);
+        if (grp < groups) w[u] = M::load(a.m, row0, g, t, grp);
     }
     grid_wait();
     for (int base = warp; base < groups; base += MMA_WARPS * MMA_UNROLL) {
@@ -241,9 +270,9 @@ __device__ __forceinline__ void gemv_q8_mma_body(const GemvArgs& a) {
         for (int u = 0; u < MMA_UNROLL; ++u) {
             const int grp = base + MMA_WARPS * u;
             if (grp >= groups) break;
-            const Q8Group cur = w[u];
+            const typename M::Group cur = w[u];
             const int next = grp + MMA_WARPS * MMA_UNROLL;
-            if (next < groups) w[u] = load_q8_group(a.m, row0, g, t, next);
+            if (next < groups) w[u] = M::load(a.m, row0, g, t, next);
             // B: x rows g (and 8 + g) at this lane's 8 columns; rows past the batch are zero.
             uint4 xb[NT];
 #pragma unroll
@@ -251,7 +280,7 @@ __device__ __forceinline__ void gemv_q8_mma_body(const GemvArgs& a) {
                 const int b = 8 * n + g;
                 xb[n] = b < a.batch ? ldg16(a.x + (size_t)b * a.ldx + grp * 32 + 8 * t) : make_uint4(0, 0, 0, 0);
             }
-            q8_group_mma<NT>(acc, cur, xb);
+            group_mma<M, NT>(acc, cur, xb);
         }
     }
     // C: acc[n][0..1] are row g, batch rows 8n + 2t, 8n + 2t + 1; acc[n][2..3] the same of g + 8.
@@ -402,12 +431,17 @@ __device__ __forceinline__ void down_body(const BankArgs& a) {
         down_body<Enc>(a);                                                                  \
     }
 
-NINFER_GEMV_ALL(bf16, EncBf16)
+NINFER_GEMV(bf16, EncBf16, 1)
+#define NINFER_GEMV_MMA(name, M)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_mma_b8(GemvArgs a) {  \
+        gemv_mma_body<M, 1>(a);                                                                     \
+    }                                                                                               \
+    extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_mma_b16(GemvArgs a) { \
+        gemv_mma_body<M, 2>(a);                                                                     \
+    }
+NINFER_GEMV_MMA(bf16, MmaBf16)
+NINFER_GEMV_MMA(q8_g32, MmaQ8)
 NINFER_GEMV(q8_g32, EncQ8, 1)
-NINFER_GEMV(q8_g32, EncQ8, 2)
-NINFER_GEMV(q8_g32, EncQ8, 4)
-extern "C" __global__ void __launch_bounds__(128) ninfer_gemv_q8_g32_mma_b8(GemvArgs a) { gemv_q8_mma_body<1>(a); }
-extern "C" __global__ void __launch_bounds__(128) ninfer_gemv_q8_g32_mma_b16(GemvArgs a) { gemv_q8_mma_body<2>(a); }
 NINFER_GEMV_ALL(q6_g64, EncQ6)
 NINFER_GEMV_ALL(q4_g32, EncQ4)
 NINFER_GEMV_ALL(nvfp4, EncNvfp4)

@@ -254,8 +254,8 @@ fn gemv_kernel(enc: Encoding, batch: usize) -> Kernel {
         _ => 4,
     };
     let row: [Kernel; 5] = match enc {
-        Encoding::Bf16 => [GemvBf16B1, GemvBf16B2, GemvBf16B4, GemvBf16B8, GemvBf16B16],
-        Encoding::Q8G32 => [GemvQ8B1, GemvQ8B2, GemvQ8B4, GemvQ8MmaB8, GemvQ8MmaB16],
+        Encoding::Bf16 => [GemvBf16B1, GemvBf16MmaB8, GemvBf16MmaB8, GemvBf16MmaB8, GemvBf16MmaB16],
+        Encoding::Q8G32 => [GemvQ8B1, GemvQ8MmaB8, GemvQ8MmaB8, GemvQ8MmaB8, GemvQ8MmaB16],
         Encoding::Q6G64 => [GemvQ6B1, GemvQ6B2, GemvQ6B4, GemvQ6B8, GemvQ6B16],
         Encoding::Q4G32 => [GemvQ4B1, GemvQ4B2, GemvQ4B4, GemvQ4B8, GemvQ4B16],
         Encoding::Nvfp4 => [
@@ -332,11 +332,12 @@ impl KernelSet {
             ldy: c.i32("ldy", ldy)?,
             out_f32: O::IS_F32 as i32,
         };
-        // The tensor-core kernels take 16 rows per block of 4 warps.
-        let mma = matches!(c.kernel, Kernel::GemvQ8MmaB8 | Kernel::GemvQ8MmaB16);
+        // The tensor-core kernels take 16 rows per block (K in 32-column groups).
+        let mma = matches!(c.kernel, Kernel::GemvQ8MmaB8 | Kernel::GemvQ8MmaB16 | Kernel::GemvBf16MmaB8 | Kernel::GemvBf16MmaB16);
+        c.ensure(!mma || w.cols.is_multiple_of(32), || format!("cols {} not a multiple of 32 (tensor-core gemv)", w.cols))?;
         let cfg = LaunchConfig {
             grid_dim: (blocks(w.rows, if mma { 16 } else { ROWS_PER_BLOCK }), 1, 1),
-            block_dim: (if mma { 128 } else { 256 }, 1, 1),
+            block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         self.launch_struct(stream, c.kernel, cfg, &args)

@@ -39,13 +39,9 @@ kernel_table! {
     AddRmsNorm => "norm", "ninfer_add_rms_norm";
     GatedRmsNorm => "norm", "ninfer_gated_rms_norm";
     GemvBf16B1 => "gemv", "ninfer_gemv_bf16_b1";
-    GemvBf16B2 => "gemv", "ninfer_gemv_bf16_b2";
-    GemvBf16B4 => "gemv", "ninfer_gemv_bf16_b4";
-    GemvBf16B8 => "gemv", "ninfer_gemv_bf16_b8";
-    GemvBf16B16 => "gemv", "ninfer_gemv_bf16_b16";
-    GemvQ8B1 => "gemv", "ninfer_gemv_q8_g32_b1";
-    GemvQ8B2 => "gemv", "ninfer_gemv_q8_g32_b2";
-    GemvQ8B4 => "gemv", "ninfer_gemv_q8_g32_b4";
+    GemvBf16MmaB8 => "gemv", "ninfer_gemv_bf16_mma_b8";
+    GemvBf16MmaB16 => "gemv", "ninfer_gemv_bf16_mma_b16";
+        GemvQ8B1 => "gemv", "ninfer_gemv_q8_g32_b1";
     GemvQ8MmaB8 => "gemv", "ninfer_gemv_q8_g32_mma_b8";
     GemvQ8MmaB16 => "gemv", "ninfer_gemv_q8_g32_mma_b16";
     GemvQ6B1 => "gemv", "ninfer_gemv_q6_g64_b1";
