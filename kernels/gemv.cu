@@ -56,24 +56,6 @@ struct GemvArgs {
 };
 static_assert(sizeof(GemvArgs) == 80, "mirrored in crates/ninfer-kernels/src/gemv.rs");
 
-struct BankArgs {
-    Mat bank;
-    Mat shared;
-    const bf16* x;
-    const int* ids;
-    const float* route_w;
-    void* y;
-    int tokens;
-    int topk;
-    int has_shared;
-    int ldx;
-    int ldy;
-    int out_f32;
-    int accumulate;
-    int pad;
-};
-static_assert(sizeof(BankArgs) == 160, "mirrored in crates/ninfer-kernels/src/gemv.rs");
-
 __device__ __forceinline__ void store_out(void* y, size_t idx, float v, int out_f32, int accumulate) {
     if (out_f32) {
         float* p = static_cast<float*>(y) + idx;
@@ -158,15 +140,6 @@ __device__ __forceinline__ void i8x4_bf16(uint32_t w, uint32_t& lo, uint32_t& hi
     const float f2 = byte_to_f(u, 2, MAGIC_2P23 + 128.f), f3 = byte_to_f(u, 3, MAGIC_2P23 + 128.f);
     lo = pack_bf2(f0, f1);
     hi = pack_bf2(f2, f3);
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 #define MMA_WARPS 8

@@ -23,6 +23,25 @@ struct Mat {
 };
 static_assert(sizeof(Mat) == 48, "mirrored in crates/ninfer-kernels/src/gemv.rs");
 
+// The arguments of every expert-bank kernel (gemv.cu, experts.cu).
+struct BankArgs {
+    Mat bank;
+    Mat shared;
+    const bf16* x;
+    const int* ids;
+    const float* route_w;
+    void* y;
+    int tokens;
+    int topk;
+    int has_shared;
+    int ldx;
+    int ldy;
+    int out_f32;
+    int accumulate;
+    int pad;
+};
+static_assert(sizeof(BankArgs) == 160, "mirrored in crates/ninfer-kernels/src/gemv.rs");
+
 // Magic-number conversion of a byte b (0..255) to float: 2^23 + b as f32 bits, minus 2^23.
 // `bias` folds the encoding's zero point in: returns b - bias exactly.
 __device__ __forceinline__ float byte_to_f(uint32_t word, int i, float magic_minus_bias) {

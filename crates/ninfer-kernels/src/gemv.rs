@@ -223,7 +223,7 @@ struct GemvArgs {
 device_args!(GemvArgs, 80);
 
 #[repr(C)]
-struct BankArgs {
+pub(crate) struct BankArgs {
     bank: MatArgs,
     shared: MatArgs,
     x: u64,
@@ -240,6 +240,14 @@ struct BankArgs {
     pad: i32,
 }
 device_args!(BankArgs, 160);
+
+impl BankArgs {
+    /// The arguments of the grouped kernels (experts.rs): no output type or accumulation flags.
+    pub(crate) fn new(bank: MatArgs, shared: MatArgs, x: u64, ids: u64, route_w: u64, y: u64, tokens: usize, topk: usize, has_shared: bool, ldx: usize, ldy: usize) -> Self {
+        let i = |v: usize| v as i32;
+        BankArgs { bank, shared, x, ids, route_w, y, tokens: i(tokens), topk: i(topk), has_shared: has_shared as i32, ldx: i(ldx), ldy: i(ldy), out_f32: 0, accumulate: 0, pad: 0 }
+    }
+}
 
 /// The most batch rows one gemv launch takes.
 pub const GEMV_MAX_BATCH: usize = 16;
@@ -487,7 +495,7 @@ impl KernelSet {
     }
 
     /// Checks the shared expert against the bank; returns the number of slots.
-    fn check_shared(
+    pub(crate) fn check_shared(
         &self,
         c: &Check,
         bank: &MatrixView,

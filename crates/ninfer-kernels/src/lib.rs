@@ -15,6 +15,8 @@ mod attention;
 #[cfg(feature = "build-cubins")]
 mod embed;
 #[cfg(feature = "build-cubins")]
+mod experts;
+#[cfg(feature = "build-cubins")]
 mod gdn;
 #[cfg(feature = "build-cubins")]
 mod gemv;
@@ -42,6 +44,8 @@ pub use half::{bf16, f16};
 pub use attention::{
     attention_workspace_len, AttentionBatch, PagedKv, ATTN_MAX_DIM, ATTN_MAX_SPLITS,
 };
+#[cfg(feature = "build-cubins")]
+pub use experts::GROUPED_MAX_TOKENS;
 #[cfg(feature = "build-cubins")]
 pub use gdn::{GdnDims, SeqSlots, GDN_CONV_WIDTH, GDN_MAX_DK};
 #[cfg(feature = "build-cubins")]

@@ -70,6 +70,9 @@ kernel_table! {
     MoeGateUpNvfp4 => "gemv", "ninfer_moe_gate_up_nvfp4";
     MoeDownNvfp4 => "gemv", "ninfer_moe_down_nvfp4";
     MoeRoute => "moe", "ninfer_moe_route";
+    MoeGateUpGroupedNvfp4 => "experts", "ninfer_moe_gate_up_grouped_nvfp4";
+    MoeDownGroupedNvfp4 => "experts", "ninfer_moe_down_grouped_nvfp4";
+    MoeCombine => "experts", "ninfer_moe_combine";
     EmbedBf16 => "embed", "ninfer_embed_bf16";
     EmbedQ8 => "embed", "ninfer_embed_q8_g32";
     QkNormRope => "rope", "ninfer_qk_norm_rope";

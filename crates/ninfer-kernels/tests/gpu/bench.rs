@@ -149,6 +149,43 @@ fn bench_moe_decode() {
 
 #[test]
 #[ignore]
+fn bench_moe_prompt() {
+    // A pass of T tokens through one layer's experts (top-8 of 256 plus the shared expert):
+    // per-slot kernels against the grouped ones.
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(1002);
+    let (e, i, h, k) = (256, 512, 2048, 8);
+    let gu = HostMat::random(Enc::Nvfp4, e, 2 * i, h, 1, &mut rng).upload(&s);
+    let dn = HostMat::random(Enc::Nvfp4, e, h, i, 1, &mut rng).upload(&s);
+    let sgu = HostMat::random(Enc::Nvfp4, 1, 2 * i, h, 1, &mut rng).upload(&s);
+    let sdn = HostMat::random(Enc::Nvfp4, 1, h, i, 1, &mut rng).upload(&s);
+    let (sguv, sdnv) = (sgu.view(), sdn.view());
+    for t in [16usize, 64, 512] {
+        let x = up(&s, &rng.bf16s(t * h, 1.0));
+        let ids: Vec<i32> = (0..t).flat_map(|_| rng.distinct(e, k)).map(|v| v as i32).collect();
+        let ids = up(&s, &ids);
+        let slots = t * (k + 1);
+        let w = up(&s, &vec![0.1f32; slots]);
+        let mut m = nan_bf16(&s, slots * i);
+        let mut y = up(&s, &rng.bf16s(t * h, 1.0));
+        let mut part = nan_f32(&s, slots * h);
+        let per_slot = time_ms(&s, 10, || {
+            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, t, k, &ids, &mut m).unwrap();
+            g.ks.moe_down(&s, &dn.view(), Some(&sdnv), &m, t, k, &ids, &w, &mut y, h, true).unwrap();
+        });
+        let grouped = time_ms(&s, 10, || {
+            g.ks.moe_gate_up_grouped(&s, &gu.view(), Some(&sguv), &x, h, t, k, &ids, &mut m).unwrap();
+            g.ks.moe_down_grouped(&s, &dn.view(), Some(&sdnv), &m, t, k, &ids, &w, &mut part).unwrap();
+            g.ks.moe_combine(&s, &part, &ids, t, k, e, true, &mut y, h, h).unwrap();
+        });
+        report(&format!("moe experts T={t} per-slot"), per_slot, 0.0);
+        report(&format!("moe experts T={t} grouped"), grouped, 0.0);
+    }
+}
+
+#[test]
+#[ignore]
 fn bench_attention_gdn_sample() {
     let Some(g) = gpu() else { return };
     let s = g.stream();

@@ -1,6 +1,6 @@
-//! moe.cu (router) and the expert-bank kernels of gemv.cu.
+//! moe.cu (router), the expert-bank kernels of gemv.cu and the grouped ones of experts.cu.
 
-use ninfer_kernels::bf16;
+use ninfer_kernels::{bf16, GROUPED_MAX_TOKENS};
 
 use crate::common::*;
 use crate::mats::*;
@@ -138,6 +138,22 @@ fn bank_case(
         &want16,
         1e-2,
     );
+
+    // The grouped kernels of a prompt pass (NVFP4): the same gate_up output, and down plus the
+    // combine into the same residual.
+    let fits = inter % 32 == 0 && hidden % 32 == 0 && hidden.max(inter) <= 2048;
+    if enc == Enc::Nvfp4 && tokens <= GROUPED_MAX_TOKENS && fits {
+        let mut mg = nan_bf16(&s, slots * inter);
+        g.ks.moe_gate_up_grouped(&s, &dgu.view(), shared.then_some(&shared_gu), &dx, hidden, tokens, topk, &dids, &mut mg)
+            .unwrap();
+        assert_close(&format!("{name} gate_up grouped"), &to_f32(&down(&s, &mg)), &want_m, 1e-2);
+        let mut part = nan_f32(&s, slots * hidden);
+        g.ks.moe_down_grouped(&s, &ddn.view(), shared.then_some(&shared_dn), &m, tokens, topk, &dids, &dw, &mut part)
+            .unwrap();
+        let mut yg = up(&s, &resid);
+        g.ks.moe_combine(&s, &part, &dids, tokens, topk, experts, shared, &mut yg, hidden, hidden).unwrap();
+        assert_close(&format!("{name} grouped down + combine"), &to_f32(&down(&s, &yg)), &want16, 1e-2);
+    }
 }
 
 #[test]
@@ -153,6 +169,13 @@ fn expert_banks_model_shapes() {
     // Qwen3.6-35B-A3B decode: 256 experts of I = 512 over H = 2048, top-8 plus the shared expert.
     bank_case(Enc::Nvfp4, 256, 512, 2048, 1, 8, true, 420);
     bank_case(Enc::Q8, 256, 512, 2048, 2, 8, true, 421);
+}
+
+#[test]
+fn expert_banks_prompt_pass_grouped() {
+    // 200 tokens of top-8 over 32 experts: every expert lists many slots, in several MMA tiles.
+    bank_case(Enc::Nvfp4, 32, 128, 512, 200, 8, true, 425);
+    bank_case(Enc::Nvfp4, 32, 128, 512, 37, 3, false, 426);
 }
 
 #[test]

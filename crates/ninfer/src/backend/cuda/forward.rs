@@ -3,10 +3,11 @@
 //! want logits. Activations are bf16 with f32 math inside each kernel, the roundings of a bf16
 //! transformers run (model-spec.md §2.7); logits come back to the host as f32.
 //!
-//! Matrix products go through the small-batch gemv kernels, 16 rows per launch, so a prompt
-//! chunk is processed 16 tokens at a time per projection; the GDN recurrence walks each
-//! sequence's tokens in order inside one launch. Decode rows of several sequences share every
-//! launch.
+//! Matrix products go through the small-batch gemv kernels (on the tensor cores from 2 rows
+//! for bf16 and q8_g32), 16 rows per launch, so a prompt chunk is processed 16 tokens at a time
+//! per projection; the experts of a pass of 32 tokens or more run grouped by expert
+//! (kernels/experts.cu); the GDN recurrence walks each sequence's tokens in order inside one
+//! launch. Decode rows of several sequences share every launch.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -15,12 +16,12 @@ use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use ninfer_kernels::{
     AttentionBatch, GdnDims, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
-    GEMV_MAX_BATCH,
+    GEMV_MAX_BATCH, GROUPED_MAX_TOKENS,
 };
 
 use crate::model::ModelConfig;
 
-use super::memory::{Dims, States, Workspace, LOGIT_ROWS, PAGE};
+use super::memory::{Dims, States, Workspace, GROUPED_MIN_TOKENS, LOGIT_ROWS, PAGE};
 use super::plan::PassMeta;
 use super::profile::Profiler;
 use super::weights::{Arena, AttnW, DevMat, GdnW, MixerW, ModelW, MoeW, SharedW};
@@ -329,6 +330,20 @@ fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize) -> Result
     let touched = |bank: &DevMat| bank.bytes() / e * (t * k).min(e);
     let shared = |f: fn(&SharedW) -> &DevMat| mw.shared.as_ref().map_or(0, |sh| f(sh).bytes());
     let (gu, dn) = (cx.arena.mat(&mw.gate_up), cx.arena.mat(&mw.down));
+    if grouped(mw, d, t) {
+        // A prompt pass: each expert's rows run once over every token that chose it.
+        let (sgu, sdn) = match &mw.shared {
+            Some(sh) => (Some(cx.arena.mat(&sh.gate_up)), Some(cx.arena.mat(&sh.down))),
+            None => (None, None),
+        };
+        cx.ks.moe_gate_up_grouped(cx.s, &gu, sgu.as_ref(), &ws.a, h, t, k, &ws.ids, &mut ws.gu).map_err(kern)?;
+        cx.mark("moe.gate_up_grouped", touched(&mw.gate_up) + shared(|sh| &sh.gate_up));
+        cx.ks.moe_down_grouped(cx.s, &dn, sdn.as_ref(), &ws.gu, t, k, &ws.ids, &ws.route_w, &mut ws.moe_part).map_err(kern)?;
+        cx.mark("moe.down_grouped", touched(&mw.down) + shared(|sh| &sh.down));
+        cx.ks.moe_combine(cx.s, &ws.moe_part, &ws.ids, t, k, e, mw.shared.is_some(), &mut ws.h, h, h).map_err(kern)?;
+        cx.mark("moe.combine", 0);
+        return Ok(());
+    }
     match &mw.shared {
         Some(sh) if mw.fused => {
             let (sgu, sdn) = (cx.arena.mat(&sh.gate_up), cx.arena.mat(&sh.down));
@@ -355,6 +370,14 @@ fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize) -> Result
             Ok(())
         }
     }
+}
+
+/// Whether a pass of `t` tokens runs its experts grouped (kernels/experts.cu): NVFP4 banks, a
+/// shared expert riding in the same launches (or none), and shapes the grouped kernels take.
+fn grouped(mw: &MoeW, d: &Dims, t: usize) -> bool {
+    let nvfp4 = mw.gate_up.is_nvfp4() && mw.down.is_nvfp4();
+    let shapes = d.h % 32 == 0 && d.inter % 32 == 0 && d.h.max(d.inter) <= 2048;
+    (GROUPED_MIN_TOKENS..=GROUPED_MAX_TOKENS).contains(&t) && nvfp4 && (mw.shared.is_none() || mw.fused) && shapes
 }
 
 /// Bytes per second of a device-to-device copy of a 1 GiB buffer (read plus write), the best of

@@ -20,6 +20,10 @@ pub(super) const PAGE: usize = 64;
 /// Rows of logits computed and copied back at a time.
 pub(super) const LOGIT_ROWS: usize = 64;
 
+/// The fewest tokens of a pass whose MoE runs grouped by expert (forward.rs `moe`); shorter
+/// passes (decode) run the per-slot expert kernels.
+pub(super) const GROUPED_MIN_TOKENS: usize = 32;
+
 /// Every size the allocations follow.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Dims {
@@ -130,6 +134,16 @@ impl Dims {
         self.t_cap * (self.topk + 1)
     }
 
+    /// f32 per-slot down projections of a grouped MoE pass (forward.rs), `[slots, H]`; none
+    /// when passes are too short for the grouped kernels.
+    fn moe_part_elems(&self) -> usize {
+        if self.t_cap >= GROUPED_MIN_TOKENS && self.e > 0 {
+            self.moe_slots() * self.h
+        } else {
+            1
+        }
+    }
+
     /// f32 partials of split-KV decode attention: one query row per slot, every split.
     fn attn_part_elems(&self) -> usize {
         if self.attn_layers == 0 {
@@ -150,7 +164,7 @@ impl Dims {
             + self.t_cap * (self.e + 1)
             + self.moe_slots() * self.inter
             + LOGIT_ROWS * self.h;
-        let f = self.moe_slots() + LOGIT_ROWS * self.v + self.attn_part_elems();
+        let f = self.moe_slots() + self.moe_part_elems() + LOGIT_ROWS * self.v + self.attn_part_elems();
         // Tokens (1 word) and sampling parameters (8 words) per logit row.
         let i = self.t_cap * self.topk + self.meta().len() + LOGIT_ROWS * 9 + self.sample_words;
         bf * 2 + f * 4 + i * 4
@@ -222,6 +236,8 @@ pub(super) struct Workspace {
     pub route_w: CudaSlice<f32>,
     /// SiLU(g)·u of every MoE slot.
     pub gu: CudaSlice<bf16>,
+    /// Each MoE slot's weighted down projection (grouped passes).
+    pub moe_part: CudaSlice<f32>,
     /// Final-normed rows that get logits, `[LOGIT_ROWS, H]`.
     pub sel: CudaSlice<bf16>,
     pub logits: CudaSlice<f32>,
@@ -253,6 +269,7 @@ impl Workspace {
             ids: zeros(s, t * d.topk, w)?,
             route_w: zeros(s, d.moe_slots(), w)?,
             gu: zeros(s, d.moe_slots() * d.inter, w)?,
+            moe_part: zeros(s, d.moe_part_elems(), w)?,
             sel: zeros(s, LOGIT_ROWS * d.h, w)?,
             logits: zeros(s, LOGIT_ROWS * d.v, w)?,
             attn_part: zeros(s, d.attn_part_elems(), w)?,

@@ -63,6 +63,11 @@ impl DevMat {
         }
     }
 
+    /// NVFP4-encoded (the grouped expert kernels take only these).
+    pub fn is_nvfp4(&self) -> bool {
+        matches!(self.parts, Parts::Nvfp4 { .. })
+    }
+
     /// Same encoding and shape: two such matrices can share one launch (bank + shared expert).
     pub fn same_layout(&self, other: &DevMat) -> bool {
         std::mem::discriminant(&self.parts) == std::mem::discriminant(&other.parts)

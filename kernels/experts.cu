@@ -1,0 +1,251 @@
+// MoE experts over many tokens (prompt passes), grouped by expert, NVFP4 banks on the tensor
+// cores (model-spec.md 2.5 steps 3-5). The per-slot kernels of gemv.cu run one matrix-vector
+// product per (token, expert) pair and so read an expert's rows once per token that chose it;
+// here a block owns one expert's 16-row tile and runs it over every token that chose the
+// expert, 8 tokens per MMA.
+//
+// Slot numbering is the per-slot kernels': routed slot s = t*topk + j uses expert ids[s] on
+// token t; with has_shared, slot tokens*topk + t is token t's shared-expert slot. A block of
+// expert e lists its slots in increasing order (the shared "expert" e = E lists all shared
+// slots); ids outside [0, E) are in no list.
+//
+// Weights: E2M1 codes times the E4M3 block scale are exact in bf16 (at most 2 + 3 significant
+// bits), so the A operand holds the exact dequantized weights of format.md 3.5; the per-row
+// global multiplies the f32 sum. x and the gate_up output are bf16: every product is exact.
+//
+// ninfer_moe_gate_up_grouped_nvfp4 (BankArgs; y: bf16 [S, I])
+//   For every listed slot s of expert e: g = bf16(x[t] . W[e][j]), u = bf16(x[t] . W[e][I + j]),
+//   y[s, j] = bf16(bf16(silu(g)) * u): ninfer_moe_gate_up_nvfp4's output, for the slots listed.
+//   Launch: block 256, grid (E + has_shared, I / 16).
+//
+// ninfer_moe_down_grouped_nvfp4 (BankArgs; x: bf16 [S, I], the gate_up output; y: f32 [S, H])
+//   For every listed slot s: y[s, n] = route_w[s] * (x[s] . W[e][n]), the slot's weighted
+//   contribution. Launch: block 256, grid (E + has_shared, H / 16).
+//
+// ninfer_moe_combine (CombineArgs; part: f32 [S, H], the down kernel's output; y: bf16
+//   [tokens, ldy], the residual)
+//   y[t, n] = bf16(y[t, n] + bf16(sum_j part[t*topk + j, n] + part[tokens*topk + t, n])), the
+//   routed slots in order j, then the shared slot; slots whose id is outside [0, E) add
+//   nothing. Launch: block 256, grid tokens.
+//
+// A token's topk ids are distinct (as routing makes them), so an expert lists at most `tokens`
+// slots. Limits (checked by the launchers): tokens <= 1024; the MMA's K (H for gate_up, I for down)
+// a multiple of 32 and at most 2048; the tiles' rows (I, H) multiples of 16.
+//
+// The eight warps of a block split K into 32-column groups (warp w takes groups w, w+8, ...,
+// at most 8 each, kept as codes in registers across the token tiles) and sum their partials in
+// shared memory in warp order, so every output is deterministic.
+#include "quant.cuh"
+
+#define GROUP_WARPS 8
+#define GROUP_MAX_K_GROUPS 8
+#define GROUP_MAX_TOKENS 1024
+
+// Two E2M1 codes of `w` at nibbles 2p and 2p+1 (p < 4) as a bf16x2, unscaled.
+__device__ __forceinline__ uint32_t e2m1x2_bf16(uint32_t w, int p) {
+    // bf16 bit patterns of the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: low bytes, then high bytes.
+    const uint32_t lo0 = 0xC0800000u, lo1 = 0xC0804000u, hi0 = 0x3F3F3F00u, hi1 = 0x40404040u;
+    const uint32_t sel = (w >> (8 * p)) & 0x77u;  // two 3-bit magnitudes: PRMT byte indices
+    const uint32_t lo = __byte_perm(lo0, lo1, sel), hi = __byte_perm(hi0, hi1, sel);
+    const uint32_t mag = __byte_perm(lo, hi, 0x5140);  // lo0 hi0 lo1 hi1
+    const uint32_t b = w >> (8 * p);
+    return mag | ((b << 12) & 0x8000u) | ((b << 24) & 0x80000000u);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+    __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+    return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// One row's share of a lane in a 32-column group: codes of columns 8t..8t+7 (4 bytes) and
+// their E4M3 scale as a bf16x2 pair.
+struct Fp4Part {
+    uint32_t q;
+    uint32_t sc;
+};
+
+__device__ __forceinline__ Fp4Part load_part(const Mat& m, int e, int row, int grp, int t) {
+    const size_t r = (size_t)e * m.rows + row;
+    Fp4Part p;
+    p.q = __ldg(reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(m.p0) + r * (m.cols / 2) + grp * 16 + 4 * t));
+    const uint8_t s = __ldg(static_cast<const uint8_t*>(m.p1) + r * (m.cols / 16) + grp * 2 + t / 2);
+    const uint32_t sb = __bfloat16_as_ushort(__float2bfloat16_rn(e4m3_to_f(s)));
+    p.sc = sb | (sb << 16);
+    return p;
+}
+
+// The MMA k order of gemv.cu's tensor-core kernels: step st of a group takes columns
+// 8t+4st..8t+4st+3 of lane t (k pairs 2t, 2t+1 and 2t+8, 2t+9), for A and B alike.
+__device__ __forceinline__ void tile_mma(float (&d)[4], const Fp4Part& lo, const Fp4Part& hi, uint4 xb) {
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+        const uint32_t a0 = bf16x2_mul(e2m1x2_bf16(lo.q, 2 * st), lo.sc);
+        const uint32_t a1 = bf16x2_mul(e2m1x2_bf16(hi.q, 2 * st), hi.sc);
+        const uint32_t a2 = bf16x2_mul(e2m1x2_bf16(lo.q, 2 * st + 1), lo.sc);
+        const uint32_t a3 = bf16x2_mul(e2m1x2_bf16(hi.q, 2 * st + 1), hi.sc);
+        mma_bf16(d, a0, a1, a2, a3, st ? xb.z : xb.x, st ? xb.w : xb.y);
+    }
+}
+
+// The block's slots, ascending, into `list`; returns how many.
+__device__ __forceinline__ int list_slots(const BankArgs& a, int e, int experts, int* list, int* warp_n) {
+    const int routed = a.tokens * a.topk;
+    if (e == experts) {  // the shared expert: every token's shared slot
+        for (int i = threadIdx.x; i < a.tokens; i += blockDim.x) list[i] = routed + i;
+        __syncthreads();
+        return a.tokens;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int n = 0;
+    for (int base = 0; base < routed; base += blockDim.x) {
+        const int s = base + threadIdx.x;
+        const bool hit = s < routed && __ldg(a.ids + s) == e;
+        const unsigned mask = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) warp_n[warp] = __popc(mask);
+        __syncthreads();
+        int before = n;
+        for (int w = 0; w < warp; ++w) before += warp_n[w];
+        const int pos = before + __popc(mask & ((1u << lane) - 1u));
+        if (hit && pos < GROUP_MAX_TOKENS) list[pos] = s;
+        for (int w = 0; w < GROUP_WARPS; ++w) n += warp_n[w];
+        __syncthreads();
+    }
+    return min(n, GROUP_MAX_TOKENS);
+}
+
+// One expert's 16-row tiles (TILES of them: gate and up rows, or the down rows) over all its
+// slots, 8 at a time; `emit(tile sums, row, slot)` gets each output's f32 sums (unscaled).
+template <int TILES, typename Emit>
+__device__ __forceinline__ void grouped_tiles(const BankArgs& a, const Mat& m, int e_mat, const int (&row0)[TILES],
+                                              const int* list, int n, bool x_by_token, Emit emit) {
+    __shared__ float part[GROUP_WARPS][TILES][16][8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int groups = m.cols / 32;
+    // This warp's groups of the tiles' rows g and g + 8, loaded once.
+    Fp4Part w[GROUP_MAX_K_GROUPS][TILES][2];
+#pragma unroll
+    for (int i = 0; i < GROUP_MAX_K_GROUPS; ++i) {
+        const int grp = warp + GROUP_WARPS * i;
+        if (grp < groups) {
+#pragma unroll
+            for (int k = 0; k < TILES; ++k) {
+                w[i][k][0] = load_part(m, e_mat, row0[k] + g, grp, t);
+                w[i][k][1] = load_part(m, e_mat, row0[k] + g + 8, grp, t);
+            }
+        }
+    }
+    for (int c0 = 0; c0 < n; c0 += 8) {
+        // B column g: the activation row of slot list[c0 + g] (zero past the list).
+        const int slot = c0 + g < n ? list[c0 + g] : -1;
+        const int row = slot < 0 ? 0 : (x_by_token ? (slot < a.tokens * a.topk ? slot / a.topk : slot - a.tokens * a.topk) : slot);
+        const bf16* xr = a.x + (size_t)row * a.ldx;
+        float d[TILES][4];
+#pragma unroll
+        for (int k = 0; k < TILES; ++k) d[k][0] = d[k][1] = d[k][2] = d[k][3] = 0.f;
+#pragma unroll
+        for (int i = 0; i < GROUP_MAX_K_GROUPS; ++i) {
+            const int grp = warp + GROUP_WARPS * i;
+            if (grp < groups) {
+                const uint4 xb = slot < 0 ? make_uint4(0, 0, 0, 0) : ldg16(xr + grp * 32 + 8 * t);
+#pragma unroll
+                for (int k = 0; k < TILES; ++k) tile_mma(d[k], w[i][k][0], w[i][k][1], xb);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < TILES; ++k) {
+            part[warp][k][g][2 * t] = d[k][0];
+            part[warp][k][g][2 * t + 1] = d[k][1];
+            part[warp][k][g + 8][2 * t] = d[k][2];
+            part[warp][k][g + 8][2 * t + 1] = d[k][3];
+        }
+        __syncthreads();
+        if (threadIdx.x < 128) {
+            const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
+            if (c0 + c < n) {
+                float sum[TILES];
+#pragma unroll
+                for (int k = 0; k < TILES; ++k) {
+                    sum[k] = 0.f;
+#pragma unroll
+                    for (int v = 0; v < GROUP_WARPS; ++v) sum[k] += part[v][k][r][c];
+                }
+                emit(sum, r, list[c0 + c]);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) ninfer_moe_gate_up_grouped_nvfp4(BankArgs a) {
+    __shared__ int list[GROUP_MAX_TOKENS];
+    __shared__ int warp_n[GROUP_WARPS];
+    grid_release();
+    grid_wait();
+    const int experts = a.bank.experts;
+    const int e = blockIdx.x;
+    const bool shared = e == experts;
+    const Mat m = shared ? a.shared : a.bank;
+    const int e_mat = shared ? 0 : e;
+    const int inter = m.rows / 2;
+    const int j0 = blockIdx.y * 16;
+    const int n = list_slots(a, e, experts, list, warp_n);
+    if (n == 0) return;
+    const int rows[2] = {j0, inter + j0};
+    bf16* out = static_cast<bf16*>(a.y);
+    grouped_tiles<2>(a, m, e_mat, rows, list, n, true, [&](const float (&sum)[2], int r, int slot) {
+        const float gv = round_bf(sum[0] * row_multiplier<EncNvfp4>(m, e_mat, j0 + r));
+        const float uv = round_bf(sum[1] * row_multiplier<EncNvfp4>(m, e_mat, inter + j0 + r));
+        out[(size_t)slot * inter + j0 + r] = f2bf(round_bf(silu(gv)) * uv);
+    });
+}
+
+extern "C" __global__ void __launch_bounds__(256) ninfer_moe_down_grouped_nvfp4(BankArgs a) {
+    __shared__ int list[GROUP_MAX_TOKENS];
+    __shared__ int warp_n[GROUP_WARPS];
+    grid_release();
+    grid_wait();
+    const int experts = a.bank.experts;
+    const int e = blockIdx.x;
+    const bool shared = e == experts;
+    const Mat m = shared ? a.shared : a.bank;
+    const int e_mat = shared ? 0 : e;
+    const int n0 = blockIdx.y * 16;
+    const int n = list_slots(a, e, experts, list, warp_n);
+    if (n == 0) return;
+    const int rows[1] = {n0};
+    float* out = static_cast<float*>(a.y);
+    grouped_tiles<1>(a, m, e_mat, rows, list, n, false, [&](const float (&sum)[1], int r, int slot) {
+        out[(size_t)slot * a.ldy + n0 + r] = __ldg(a.route_w + slot) * row_multiplier<EncNvfp4>(m, e_mat, n0 + r) * sum[0];
+    });
+}
+
+struct CombineArgs {
+    const float* part;
+    const int* ids;
+    bf16* y;
+    int tokens;
+    int topk;
+    int has_shared;
+    int experts;
+    int dim;
+    int ldy;
+};
+static_assert(sizeof(CombineArgs) == 48, "mirrored in crates/ninfer-kernels/src/experts.rs");
+
+extern "C" __global__ void __launch_bounds__(256) ninfer_moe_combine(CombineArgs a) {
+    grid_release();
+    grid_wait();
+    const int t = blockIdx.x;
+    for (int n = threadIdx.x; n < a.dim; n += blockDim.x) {
+        float r = 0.f;
+        for (int j = 0; j < a.topk; ++j) {
+            const int s = t * a.topk + j;
+            const int e = __ldg(a.ids + s);
+            if (e >= 0 && e < a.experts) r += a.part[(size_t)s * a.dim + n];
+        }
+        if (a.has_shared) r += a.part[((size_t)a.tokens * a.topk + t) * a.dim + n];
+        bf16* p = a.y + (size_t)t * a.ldy + n;
+        *p = f2bf(bf2f(*p) + round_bf(r));
+    }
+}
