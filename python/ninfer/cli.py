@@ -299,8 +299,11 @@ def _run_bench(args: argparse.Namespace) -> int:
         else:
             bw = copy_bandwidth("cuda") / 1e9
             for kind, times in steps.items():
-                what = f"the {args.tg_prompt}-token prefill" if kind == "prefill" else f"one decode step after {args.tg_prompt} tokens"
-                print(f"{what}, eager, kernel by kernel:\n{format_profile(times, bw)}\n")
+                if kind == "prefill":
+                    what = f"the {args.tg_prompt}-token prefill, eager"
+                else:
+                    what = f"one decode step after {args.tg_prompt} tokens, a CUDA graph with timing events between launches"
+                print(f"{what}, kernel by kernel:\n{format_profile(times, bw)}\n")
         return 0
     try:
         r = run_bench(args.model, args.device, args.reps, args.prefill, args.concurrency, args.tg_prompt, args.tg_tokens)
