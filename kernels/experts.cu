@@ -88,7 +88,8 @@ __device__ __forceinline__ void tile_mma(float (&d)[4], const Fp4Part& lo, const
 }
 
 // The block's slots, ascending, into `list`; returns how many.
-__device__ __forceinline__ int list_slots(const BankArgs& a, int e, int experts, int* list, int* warp_n) {
+__device__ __forceinline__ int list_slots(const BankArgs& a, int e, int experts, int* list) {
+    __shared__ int warp_n[GROUP_WARPS];
     const int routed = a.tokens * a.topk;
     if (e == experts) {  // the shared expert: every token's shared slot
         for (int i = threadIdx.x; i < a.tokens; i += blockDim.x) list[i] = routed + i;
@@ -111,6 +112,19 @@ __device__ __forceinline__ int list_slots(const BankArgs& a, int e, int experts,
         __syncthreads();
     }
     return min(n, GROUP_MAX_TOKENS);
+}
+
+// The expert of this block (blockIdx.x; E is the shared expert), its matrix and its slots.
+struct ExpertBlock {
+    Mat m;
+    int e;  // the expert's index in m
+    int n;  // slots listed
+};
+
+__device__ __forceinline__ ExpertBlock expert_block(const BankArgs& a, int* list) {
+    const int experts = a.bank.experts;
+    const bool shared = (int)blockIdx.x == experts;
+    return {shared ? a.shared : a.bank, shared ? 0 : (int)blockIdx.x, list_slots(a, blockIdx.x, experts, list)};
 }
 
 // One expert's 16-row tiles (TILES of them: gate and up rows, or the down rows) over all its
@@ -179,21 +193,15 @@ __device__ __forceinline__ void grouped_tiles(const BankArgs& a, const Mat& m, i
 
 extern "C" __global__ void __launch_bounds__(256) ninfer_moe_gate_up_grouped_nvfp4(BankArgs a) {
     __shared__ int list[GROUP_MAX_TOKENS];
-    __shared__ int warp_n[GROUP_WARPS];
     grid_release();
     grid_wait();
-    const int experts = a.bank.experts;
-    const int e = blockIdx.x;
-    const bool shared = e == experts;
-    const Mat m = shared ? a.shared : a.bank;
-    const int e_mat = shared ? 0 : e;
-    const int inter = m.rows / 2;
-    const int j0 = blockIdx.y * 16;
-    const int n = list_slots(a, e, experts, list, warp_n);
-    if (n == 0) return;
+    const ExpertBlock b = expert_block(a, list);
+    if (b.n == 0) return;
+    const Mat& m = b.m;
+    const int e_mat = b.e, inter = m.rows / 2, j0 = blockIdx.y * 16;
     const int rows[2] = {j0, inter + j0};
     bf16* out = static_cast<bf16*>(a.y);
-    grouped_tiles<2>(a, m, e_mat, rows, list, n, true, [&](const float (&sum)[2], int r, int slot) {
+    grouped_tiles<2>(a, m, e_mat, rows, list, b.n, true, [&](const float (&sum)[2], int r, int slot) {
         const float gv = round_bf(sum[0] * row_multiplier<EncNvfp4>(m, e_mat, j0 + r));
         const float uv = round_bf(sum[1] * row_multiplier<EncNvfp4>(m, e_mat, inter + j0 + r));
         out[(size_t)slot * inter + j0 + r] = f2bf(round_bf(silu(gv)) * uv);
@@ -202,20 +210,15 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_moe_gate_up_grouped_nvf
 
 extern "C" __global__ void __launch_bounds__(256) ninfer_moe_down_grouped_nvfp4(BankArgs a) {
     __shared__ int list[GROUP_MAX_TOKENS];
-    __shared__ int warp_n[GROUP_WARPS];
     grid_release();
     grid_wait();
-    const int experts = a.bank.experts;
-    const int e = blockIdx.x;
-    const bool shared = e == experts;
-    const Mat m = shared ? a.shared : a.bank;
-    const int e_mat = shared ? 0 : e;
-    const int n0 = blockIdx.y * 16;
-    const int n = list_slots(a, e, experts, list, warp_n);
-    if (n == 0) return;
+    const ExpertBlock b = expert_block(a, list);
+    if (b.n == 0) return;
+    const Mat& m = b.m;
+    const int e_mat = b.e, n0 = blockIdx.y * 16;
     const int rows[1] = {n0};
     float* out = static_cast<float*>(a.y);
-    grouped_tiles<1>(a, m, e_mat, rows, list, n, false, [&](const float (&sum)[1], int r, int slot) {
+    grouped_tiles<1>(a, m, e_mat, rows, list, b.n, false, [&](const float (&sum)[1], int r, int slot) {
         out[(size_t)slot * a.ldy + n0 + r] = __ldg(a.route_w + slot) * row_multiplier<EncNvfp4>(m, e_mat, n0 + r) * sum[0];
     });
 }

@@ -4,7 +4,7 @@
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
 use half::bf16;
 
-use crate::gemv::{BankArgs, MatArgs, MatrixView};
+use crate::gemv::{bank_mats, BankArgs, MatrixView};
 use crate::launch::{device_args, dptr, dptr_mut, Check, Result};
 use crate::loader::KernelSet;
 use crate::table::Kernel;
@@ -50,11 +50,7 @@ impl KernelSet {
         let inter = bank.rows / 2;
         c.ensure(ldx >= bank.cols && ldx.is_multiple_of(8), || format!("ldx {ldx} (cols {})", bank.cols))?;
         let (xl, il, ol) = (x.len(), ids.len(), out.len());
-        let (bm, _gb) = bank.mat_args(&c, stream)?;
-        let (sm, _gs) = match shared {
-            Some(s) => s.mat_args(&c, stream)?,
-            None => (MatArgs::default(), Vec::new()),
-        };
+        let (bm, sm, _gw) = bank_mats(&c, stream, bank, shared)?;
         let (xp, _gx) = dptr(x, stream);
         let (ip, _gi) = dptr(ids, stream);
         let (op, _go) = dptr_mut(out, stream);
@@ -89,11 +85,7 @@ impl KernelSet {
         let slots = check_grouped(&c, self, bank, shared, tokens, topk, bank.cols)?;
         c.ensure(bank.rows.is_multiple_of(16), || format!("down rows {} not a multiple of 16", bank.rows))?;
         let (xl, il, wl, pl) = (inp.len(), ids.len(), route_w.len(), part.len());
-        let (bm, _gb) = bank.mat_args(&c, stream)?;
-        let (sm, _gs) = match shared {
-            Some(s) => s.mat_args(&c, stream)?,
-            None => (MatArgs::default(), Vec::new()),
-        };
+        let (bm, sm, _gw) = bank_mats(&c, stream, bank, shared)?;
         let (xp, _gx) = dptr(inp, stream);
         let (ip, _gi) = dptr(ids, stream);
         let (wp, _gw) = dptr(route_w, stream);

@@ -288,6 +288,20 @@ fn bank_kernels(enc: Encoding) -> (Kernel, Kernel) {
     }
 }
 
+/// The kernel views of a bank and its optional shared expert, with their guards.
+pub(crate) fn bank_mats<'s>(c: &Check, stream: &'s CudaStream, bank: &'s MatrixView, shared: Option<&'s MatrixView>) -> Result<(MatArgs, MatArgs, Vec<SyncOnDrop<'s>>)> {
+    let (bm, mut guards) = bank.mat_args(c, stream)?;
+    let sm = match shared {
+        Some(s) => {
+            let (sm, g) = s.mat_args(c, stream)?;
+            guards.extend(g);
+            sm
+        }
+        None => MatArgs::default(),
+    };
+    Ok((bm, sm, guards))
+}
+
 /// Elements spanned by `rows` rows of `dim` with row stride `ld`.
 fn span(rows: usize, dim: usize, ld: usize) -> usize {
     if rows == 0 {
@@ -377,11 +391,7 @@ impl KernelSet {
             format!("ldx {ldx} (cols {})", bank.cols)
         })?;
         let (xl, il, ol) = (x.len(), ids.len(), out.len());
-        let (bm, _gb) = bank.mat_args(&c, stream)?;
-        let (sm, _gs) = match shared {
-            Some(s) => s.mat_args(&c, stream)?,
-            None => (MatArgs::default(), Vec::new()),
-        };
+        let (bm, sm, _gw) = bank_mats(&c, stream, bank, shared)?;
         let (xp, _gx) = dptr(x, stream);
         let (ip, _gi) = dptr(ids, stream);
         let (op, _go) = dptr_mut(out, stream);
@@ -449,11 +459,7 @@ impl KernelSet {
             format!("ldy {ldy} < rows {}", bank.rows)
         })?;
         let (xl, il, wl, yl) = (inp.len(), ids.len(), route_w.len(), y.len());
-        let (bm, _gb) = bank.mat_args(&c, stream)?;
-        let (sm, _gs) = match shared {
-            Some(s) => s.mat_args(&c, stream)?,
-            None => (MatArgs::default(), Vec::new()),
-        };
+        let (bm, sm, _gw) = bank_mats(&c, stream, bank, shared)?;
         let (xp, _gx) = dptr(inp, stream);
         let (ip, _gi) = dptr(ids, stream);
         let (wp, _gw) = dptr(route_w, stream);
