@@ -37,6 +37,11 @@ from test_golden import GDN_CHUNK, GOLDEN_DIR, MODELS, RECIPES, load_golden, rel
 TYPICAL_TOL = 4e-2
 SPREAD_TOL = 0.2
 SELF_TOL = 1e-2
+# A prompt cut into pieces runs its projections at other batch sizes, and a single row takes
+# the SIMT GEMV where 2-16 rows take the tensor-core one (another f32 summation order): the
+# rounding differences then travel through every bf16 activation. The golden bound still
+# applies to both (check_spread).
+CHUNK_TOL = 2e-2
 MARGIN = 0.1
 
 DEMO = Path(__file__).resolve().parents[1] / "python" / "ninfer" / "models" / "demo.ninfer"
@@ -159,7 +164,7 @@ def test_golden_chunks_and_decode_equal_one_prefill(gpu_runner: Callable[[str, s
             parts = [step(runner, s, ids[a:b], vocab, all_logits=True) for a, b in zip(cuts, cuts[1:])]
             parts.append(step(runner, s, [nxt], vocab)[None])
         err = rel_err(np.concatenate(parts), whole)
-        assert err.max() < SELF_TOL, f"{model}/{recipe} prompt {key}: chunked vs whole {err.max():.2e} at row {int(err.argmax())}"
+        assert err.max() < CHUNK_TOL, f"{model}/{recipe} prompt {key}: chunked vs whole {err.max():.2e} at row {int(err.argmax())}"
 
 
 def demo_vocab() -> int:

@@ -5,7 +5,7 @@
 //!
 //! Matrix products go through the small-batch gemv kernels (on the tensor cores from 2 rows
 //! for bf16 and q8_g32), 16 rows per launch, so a prompt chunk is processed 16 tokens at a time
-//! per projection; the experts of a pass of 32 tokens or more run grouped by expert
+//! per projection; the experts of a pass of 256 tokens or more run grouped by expert
 //! (kernels/experts.cu); the GDN recurrence walks each sequence's tokens in order inside one
 //! launch. Decode rows of several sequences share every launch.
 
