@@ -45,7 +45,7 @@ fi
 step bench sh -c '"$@" > "$0" && cat "$0"' "$base.bench.json" "${ninfer[@]}" bench "$model" --device cuda --reps "$reps" --json
 step profile "${ninfer[@]}" bench "$model" --profile
 if [ $long -eq 1 ]; then
-    # 8k-token prompt chunks: fewer, larger passes for the 32k prompt (the figure is the decode after it).
+    # tg128 after a 32k-token prompt (prefilled in the engine's chunks), and pp8192 beside it.
     step long "${ninfer[@]}" bench "$model" --device cuda --reps 1 --prefill 8192 --concurrency 1 --tg-prompt 32768
 fi
 echo "log: $log"
