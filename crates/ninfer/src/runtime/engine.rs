@@ -181,6 +181,8 @@ impl Engine {
         let mut options = options;
         options.max_context = options.max_context.min(config.max_position_embeddings);
         let backend = open_backend(&art, &options)?;
+        #[cfg(test)]
+        let backend = test_backend::wrap(backend);
         let backend_name = backend.name();
         let kv_pool = backend.kv_pool();
         let shared = Arc::new(Shared::default());
@@ -387,5 +389,41 @@ mod device_tests {
         }
         assert_eq!(Engine::open(&path, opts(Device::Cpu)).unwrap().backend_name(), "cpu");
         std::fs::remove_file(&path).unwrap();
+    }
+}
+
+/// Tests may put a backend of their own around the one an engine opens (runtime/tests.rs): a
+/// thread-local hook, set for the engines a test opens on its own thread.
+#[cfg(test)]
+pub(crate) mod test_backend {
+    use std::cell::RefCell;
+
+    use crate::backend::Backend;
+
+    type Wrap = Box<dyn Fn(Box<dyn Backend>) -> Box<dyn Backend>>;
+
+    thread_local! {
+        static WRAP: RefCell<Option<Wrap>> = const { RefCell::new(None) };
+    }
+
+    /// Wraps the backends of the engines opened on this thread until the guard drops.
+    pub fn set(wrap: impl Fn(Box<dyn Backend>) -> Box<dyn Backend> + 'static) -> Guard {
+        WRAP.with(|w| *w.borrow_mut() = Some(Box::new(wrap)));
+        Guard
+    }
+
+    pub struct Guard;
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            WRAP.with(|w| *w.borrow_mut() = None);
+        }
+    }
+
+    pub(super) fn wrap(b: Box<dyn Backend>) -> Box<dyn Backend> {
+        WRAP.with(|w| match w.borrow().as_ref() {
+            Some(f) => f(b),
+            None => b,
+        })
     }
 }

@@ -166,11 +166,21 @@ impl Sampler {
         (token, None)
     }
 
+    /// Picks from the logits a backend returned for a row that asked for a device draw
+    /// (`Pick::Sample`, which never has penalties or logprobs; a step that returns logits for
+    /// another row returns them for all): the host draw with the uniform number the pick
+    /// carried, so the generator advances once per token however the token is picked.
+    pub fn sample_drawn(&mut self, logits: &[f32], u: f32) -> (u32, Option<TokenLogprob>) {
+        let token = self.draw(logits, Some(u as f64));
+        self.observe(token);
+        (token, None)
+    }
+
     /// Picks the next token from one row of logits (modified in place).
     pub fn sample(&mut self, logits: &mut [f32]) -> (u32, Option<TokenLogprob>) {
         self.apply_penalties(logits);
         let logprob_view = self.params.logprobs.map(|_| log_softmax(logits));
-        let token = if self.params.is_greedy() { argmax(logits) } else { self.draw(logits) };
+        let token = if self.params.is_greedy() { argmax(logits) } else { self.draw(logits, None) };
         let lp = logprob_view.map(|lps| {
             let n = self.params.logprobs.unwrap_or(0);
             TokenLogprob { token, logprob: lps[token as usize], top: top_n(&lps, n) }
@@ -179,7 +189,9 @@ impl Sampler {
         (token, lp)
     }
 
-    fn draw(&mut self, logits: &[f32]) -> u32 {
+    /// Inverse-CDF draw over the filtered candidates with `u` in [0, 1), or one taken from the
+    /// generator.
+    fn draw(&mut self, logits: &[f32], u: Option<f64>) -> u32 {
         let p = &self.params;
         let t = p.temperature;
         // Candidates sorted by logit, descending; ties keep the lower id first (deterministic).
@@ -215,7 +227,7 @@ impl Sampler {
             keep = keep.min(probs.iter().take_while(|q| **q >= floor).count().max(1));
         }
         let mass: f64 = probs[..keep].iter().sum();
-        let mut u = self.rng.random::<f64>() * mass;
+        let mut u = u.unwrap_or_else(|| self.rng.random::<f64>()) * mass;
         for (i, q) in probs[..keep].iter().enumerate() {
             u -= q;
             if u <= 0.0 {
@@ -265,6 +277,22 @@ mod tests {
 
     fn params(t: f32) -> SamplingParams {
         SamplingParams { temperature: t, ..Default::default() }
+    }
+
+    #[test]
+    fn a_device_draw_taken_on_the_host_uses_the_uniform_it_carried() {
+        let logits = [2.0f32, 1.0, 0.5, -1.0, 3.0];
+        let seeded = || Sampler::new(SamplingParams { top_k: 4, seed: Some(9), ..params(1.0) });
+        // Lowest and highest uniforms pick the first and the last kept candidate (by logit).
+        assert_eq!(seeded().sample_drawn(&logits, 0.0).0, 4);
+        assert_eq!(seeded().sample_drawn(&logits, 0.999_999).0, 2);
+        // The generator moves once per token whether the token came back picked or as logits:
+        // the next pick's uniform is the same either way.
+        let (mut a, mut b) = (seeded(), seeded());
+        let (Pick::Sample(pa), Pick::Sample(_)) = (a.device_pick(), b.device_pick()) else { panic!("draws") };
+        a.sample_drawn(&logits, pa.u);
+        b.accept(4);
+        assert_eq!(a.device_pick(), b.device_pick());
     }
 
     #[test]

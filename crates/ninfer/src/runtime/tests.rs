@@ -1,6 +1,7 @@
 //! Engine tests on a tiny random model: the batched scheduler gives the same tokens as a plain
 //! step-by-step loop, seeds reproduce, stop rules and limits end requests, cancellation frees slots,
-//! the KV pool bounds admission (requests wait for pages, oversized ones are refused).
+//! the KV pool bounds admission (requests wait for pages, oversized ones are refused), and a seeded
+//! draw does not depend on which rows share its step on a backend that picks tokens.
 
 use super::*;
 use crate::artifact::Artifact;
@@ -182,4 +183,66 @@ fn cancelling_releases_the_kv_reservation() {
     assert_eq!(c.usage.completion_tokens, 50);
     let st = e.stats();
     assert_eq!((st.running, st.waiting, st.slots_used, st.kv_pages_reserved, st.kv_pages_used), (0, 0, 0, 0, 0));
+}
+
+/// A backend that picks tokens as the CUDA backend does: argmax and draws where no row of the
+/// step needs logits (here on the host, by the sampler's own draw with the pick's uniform),
+/// logits for every row of a step in which one row needs them.
+struct Picking(Box<dyn Backend>);
+
+impl Backend for Picking {
+    fn config(&self) -> &crate::model::ModelConfig {
+        self.0.config()
+    }
+    fn name(&self) -> String {
+        format!("picking {}", self.0.name())
+    }
+    fn alloc_slot(&mut self) -> Result<crate::backend::SlotId, crate::backend::BackendError> {
+        self.0.alloc_slot()
+    }
+    fn free_slot(&mut self, slot: crate::backend::SlotId) {
+        self.0.free_slot(slot)
+    }
+    fn slot_len(&self, slot: crate::backend::SlotId) -> Result<usize, crate::backend::BackendError> {
+        self.0.slot_len(slot)
+    }
+    fn kv_pool(&self) -> crate::backend::KvPool {
+        self.0.kv_pool()
+    }
+    fn picks_tokens(&self) -> bool {
+        true
+    }
+    fn step(&mut self, rows: &[StepInput<'_>]) -> Result<Vec<crate::backend::RowLogits>, crate::backend::BackendError> {
+        let mut out = self.0.step(rows)?;
+        if rows.iter().any(|r| r.pick == Pick::Logits) {
+            return Ok(out);
+        }
+        for (r, o) in rows.iter().zip(&mut out) {
+            let last = &o.values[o.values.len() - o.values.len() / o.rows..];
+            o.token = Some(match r.pick {
+                Pick::Sample(s) => {
+                    let p = SamplingParams { temperature: s.temperature, top_k: s.top_k, top_p: s.top_p, min_p: s.min_p, ..Default::default() };
+                    crate::runtime::sampler::Sampler::new(p).sample_drawn(last, s.u).0
+                }
+                _ => argmax(last),
+            });
+            o.values.clear();
+        }
+        Ok(out)
+    }
+}
+
+#[test]
+fn a_seeded_draw_does_not_depend_on_what_shares_its_step() {
+    let _hook = engine::test_backend::set(|b| Box::new(Picking(b)));
+    let e = engine("rt-mixed", EngineOptions { max_concurrency: 2, ..Default::default() });
+    let p = SamplingParams { temperature: 1.0, top_p: 0.95, seed: Some(11), max_tokens: 12, ..Default::default() };
+    let alone = e.generate(tokens(3, 6), p.clone()).unwrap();
+    // Beside a request with logprobs, every step returns logits, and the seeded request's
+    // tokens are drawn on the host.
+    let other = e.stream(tokens(4, 5), SamplingParams { temperature: 0.0, logprobs: Some(1), max_tokens: 40, ..Default::default() }).unwrap();
+    let together = e.generate(tokens(3, 6), p).unwrap();
+    let other = Completion::collect(other).unwrap();
+    assert!(other.logprobs.len() >= together.token_ids.len(), "the requests shared their steps");
+    assert_eq!(alone.token_ids, together.token_ids);
 }
