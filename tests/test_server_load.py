@@ -106,7 +106,9 @@ def test_disconnect_mid_stream_frees_the_slot(server: LiveServer) -> None:
     assert (m["ninfer_kv_pages_reserved"], m["ninfer_kv_pages_used"], m["ninfer_kv_usage_ratio"]) == (0, 0, 0)
     assert m["ninfer_kv_pages_total"] * m["ninfer_kv_page_size"] == server.engine.kv_capacity
     generated = m["ninfer_generation_tokens_total"] - generated_before
-    assert 5 <= generated < max_tokens  # cancelled, not run to the end
+    # Cancelled, not run to the end. (The five lines read were the role chunk and at least one
+    # token's text: how many tokens ran before the cancel was seen depends on timing.)
+    assert 0 < generated < max_tokens
     status, _, data = server.request("GET", "/metrics")
     assert 'endpoint="/v1/chat/completions",status="499"' in data.decode()
 
