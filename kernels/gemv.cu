@@ -12,6 +12,14 @@
 //
 //   bf16 and q8_g32 have only the b1 kernel: their batches of 2-16 rows take the next two.
 //
+// ninfer_gemv_<enc>_norm_b1  (enc: bf16, q8_g32)
+//   One row through ninfer_rms_norm and then the b1 product, in one launch (GemvNormArgs):
+//   a = bf16(x / sqrt(mean(x^2) + eps) * (1 + norm_w)) over K = m.cols, y = a . W as above; with
+//   a_out, warp 0 of block 0 also stores a there. Every warp computes the row's norm itself in
+//   norm.cu's order and rounds each a element as it does (rms.cuh), so y and a equal the two
+//   kernels' bits. K % 8 == 0 on top of the encoding's multiple; a_out must not alias x.
+//   Launch as ninfer_gemv_<enc>_b1.
+//
 // ninfer_gemv_<enc>_mma_b<NB>  (enc: bf16, q8_g32; NB: 8, 16)
 //   The contract above for batches of 2-8 (b8) and 9-16 (b16) rows, on the tensor cores:
 //   mma.m16n8k16 with bf16 operands and f32 accumulation. bf16 weights and int8 codes are exact
@@ -44,6 +52,7 @@
 // kernel ahead of it (a norm, the recurrence) finishes; the expert kernels wait first (their
 // experts are data), except the shared expert's slots of gate_up.
 #include "quant.cuh"
+#include "rms.cuh"
 
 struct GemvArgs {
     Mat m;
@@ -90,6 +99,73 @@ __device__ __forceinline__ float chunk_dot(const float (&w)[Enc::CHUNK], const f
 
 // Chunk loads a lane keeps in flight: a whole 2,048-wide q8 or 4-bit row at batch <= 4; two at
 // larger batches, whose accumulators need the registers.
+
+// chunk_dot over the normed row: each x element becomes bf16(x * inv * (1 + nw)) first, the
+// value ninfer_rms_norm stores (rms.cuh).
+template <typename Enc>
+__device__ __forceinline__ float chunk_dot_normed(const float (&w)[Enc::CHUNK], const float (&sc)[Enc::GROUPS],
+                                                  const bf16* x, const bf16* nw, float inv) {
+    constexpr int PER = Enc::CHUNK / Enc::GROUPS;
+    float acc = 0.f;
+#pragma unroll
+    for (int g = 0; g < Enc::GROUPS; ++g) {
+        float part = 0.f;
+#pragma unroll
+        for (int v = 0; v < PER / 8; ++v) {
+            float xf[8], wf[8];
+            unpack_bf8(ldg16(x + g * PER + v * 8), xf);
+            unpack_bf8(ldg16(nw + g * PER + v * 8), wf);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) part = fmaf(w[g * PER + v * 8 + i], round_bf(xf[i] * inv * (1.0f + wf[i])), part);
+        }
+        acc = fmaf(part, sc[g], acc);
+    }
+    return acc;
+}
+
+struct GemvNormArgs {
+    GemvArgs g;
+    const bf16* norm_w;
+    bf16* a_out;
+    float eps;
+    int pad;
+};
+static_assert(sizeof(GemvNormArgs) == 104, "mirrored in crates/ninfer-kernels/src/gemv.rs");
+
+template <typename Enc>
+__device__ __forceinline__ void gemv_norm_body(const GemvNormArgs& na) {
+    constexpr int CH = Enc::CHUNK;
+    constexpr int D = 4;
+    const GemvArgs& a = na.g;
+    grid_release();
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (row >= a.m.rows) return;
+    const int nchunks = a.m.cols / CH;
+    typename Enc::Raw raw[D];
+#pragma unroll
+    for (int i = 0; i < D; ++i)
+        if (lane + 32 * i < nchunks) raw[i] = Enc::load(a.m, 0, row, lane + 32 * i);
+    for (int c = lane + 32 * D; c < nchunks; c += 32) Enc::prefetch(a.m, 0, row, c);
+    grid_wait();
+    const float inv = inv_rms(a.x, a.m.cols, na.eps, lane);
+    if (na.a_out != nullptr && row == 0) store_zc_norm(a.x, na.norm_w, na.a_out, a.m.cols, inv, lane);
+    float acc = 0.f;
+    for (int base = lane; base < nchunks; base += 32 * D) {
+#pragma unroll
+        for (int i = 0; i < D; ++i) {
+            const int c = base + 32 * i;
+            if (c >= nchunks) break;
+            const typename Enc::Raw cur = raw[i];
+            if (c + 32 * D < nchunks) raw[i] = Enc::load(a.m, 0, row, c + 32 * D);
+            float w[CH], sc[Enc::GROUPS];
+            Enc::dequant(cur, w, sc);
+            acc += chunk_dot_normed<Enc>(w, sc, a.x + (size_t)c * CH, na.norm_w + (size_t)c * CH, inv);
+        }
+    }
+    acc = warp_sum1(acc);
+    if (lane == 0) store_out(a.y, row, acc * row_multiplier<Enc>(a.m, 0, row), a.out_f32, 0);
+}
 
 template <typename Enc, int NB>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
@@ -405,6 +481,12 @@ __device__ __forceinline__ void down_body(const BankArgs& a) {
     }
 
 NINFER_GEMV(bf16, EncBf16, 1)
+#define NINFER_GEMV_NORM(name, Enc)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_norm_b1(GemvNormArgs a) { \
+        gemv_norm_body<Enc>(a);                                                                     \
+    }
+NINFER_GEMV_NORM(bf16, EncBf16)
+NINFER_GEMV_NORM(q8_g32, EncQ8)
 #define NINFER_GEMV_MMA(name, M)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_mma_b8(GemvArgs a) {  \
         gemv_mma_body<M, 1>(a);                                                                     \

@@ -21,7 +21,7 @@
 //
 // Shapes: dim % 8 == 0, every row start 16-byte aligned (ld % 8 == 0, aligned bases).
 // Launch: block (32, 4) = four rows per block, grid (ceil(rows / 4)).
-#include "common.cuh"
+#include "rms.cuh"
 
 struct NormArgs {
     const bf16* x;      // input rows (h for the residual variant)
@@ -39,31 +39,6 @@ struct NormArgs {
     int ldg;
 };
 static_assert(sizeof(NormArgs) == 72, "mirrored in crates/ninfer-kernels/src/norm.rs");
-
-// 1 / sqrt(mean(x^2) + eps) of a row of `dim` (a multiple of 8), over the calling warp.
-__device__ __forceinline__ float inv_rms(const bf16* x, int dim, float eps, int lane) {
-    float ss = 0.f;
-    for (int c = lane; c < dim / 8; c += NINFER_WARP) {
-        float v[8];
-        unpack_bf8(ldg16(x + c * 8), v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
-    }
-    return rsqrtf(warp_sum1(ss) / (float)dim + eps);
-}
-
-// y = bf16(x * inv * (1 + w)) over a row, by the calling warp; x is read with plain loads, after
-// inv_rms read it, so y may alias x.
-__device__ __forceinline__ void store_zc_norm(const bf16* x, const bf16* w, bf16* y, int dim, float inv, int lane) {
-    for (int c = lane; c < dim / 8; c += NINFER_WARP) {
-        float v[8], wv[8];
-        unpack_bf8(*reinterpret_cast<const uint4*>(x + c * 8), v);
-        unpack_bf8(ldg16(w + c * 8), wv);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = v[i] * inv * (1.0f + wv[i]);
-        *reinterpret_cast<uint4*>(y + c * 8) = pack_bf8(v);
-    }
-}
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_rms_norm(NormArgs a) {
     grid_release();

@@ -39,6 +39,8 @@ kernel_table! {
     AddRmsNorm => "norm", "ninfer_add_rms_norm";
     GatedRmsNorm => "norm", "ninfer_gated_rms_norm";
     GemvBf16B1 => "gemv", "ninfer_gemv_bf16_b1";
+    GemvBf16NormB1 => "gemv", "ninfer_gemv_bf16_norm_b1";
+    GemvQ8NormB1 => "gemv", "ninfer_gemv_q8_g32_norm_b1";
     GemvBf16MmaB8 => "gemv", "ninfer_gemv_bf16_mma_b8";
     GemvBf16MmaB16 => "gemv", "ninfer_gemv_bf16_mma_b16";
         GemvQ8B1 => "gemv", "ninfer_gemv_q8_g32_b1";

@@ -94,6 +94,37 @@ fn bench_gemv_decode() {
 
 #[test]
 #[ignore]
+fn bench_gemv_norm() {
+    // The GDN input projection of a decode step (z|qkv|b|a, q8_g32): the layer's norm and the
+    // product as two launches, and as one.
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(1003);
+    let (n, k) = (12_352, 2048);
+    let host = HostMat::random(Enc::Q8, 1, n, k, 1, &mut rng);
+    let ms: Vec<_> = (0..8).map(|_| host.upload(&s)).collect();
+    let (x, w) = (up(&s, &rng.bf16s(k, 1.0)), up(&s, &rng.bf16s(k, 0.1)));
+    let mut a = nan_bf16(&s, k);
+    let mut y = nan_f32(&s, n);
+    let rows = ninfer_kernels::Rows::dense(1, k);
+    let mut turn = 0;
+    let two = time_ms(&s, 24, || {
+        turn = (turn + 1) % ms.len();
+        g.ks.rms_norm(&s, &x, rows, &w, &mut a, rows, 1e-6).unwrap();
+        g.ks.gemv(&s, &ms[turn].view(), &a, 1, k, &mut y, n).unwrap()
+    });
+    let one = time_ms(&s, 24, || {
+        turn = (turn + 1) % ms.len();
+        g.ks.gemv_norm(&s, &ms[turn].view(), &x, &w, 1e-6, &mut y, None).unwrap()
+    });
+    let bytes = n as f64 * k as f64 * 1.0625;
+    report(&format!("rms_norm + gemv Q8 {n}x{k} b=1"), two, bytes);
+    report(&format!("gemv_norm Q8 {n}x{k} b=1"), one, bytes);
+    finite_f32(&down(&s, &y));
+}
+
+#[test]
+#[ignore]
 fn bench_moe_decode() {
     let Some(g) = gpu() else { return };
     let s = g.stream();

@@ -24,7 +24,7 @@ use crate::model::ModelConfig;
 use super::memory::{Dims, States, Workspace, GROUPED_MIN_TOKENS, LOGIT_ROWS, PAGE};
 use super::plan::PassMeta;
 use super::profile::Profiler;
-use super::weights::{Arena, AttnW, DevMat, GdnW, MixerW, ModelW, MoeW, SharedW};
+use super::weights::{Arena, AttnW, DevMat, GdnW, MixerW, ModelW, MoeW, SharedW, Span};
 use super::{drv, kern, BackendError};
 
 /// Everything a pass reads and never writes.
@@ -81,6 +81,29 @@ fn linear<O: GemvOut>(
         r0 += b;
     }
     cx.mark(label, w.bytes() * rows.div_ceil(GEMV_MAX_BATCH));
+    Ok(())
+}
+
+/// The first projection of a mixer over `t` rows: `linear` of `a`, or, with `norm` (a
+/// single-token pass), one launch that norms `h` with that weight, stores the result in `a` for
+/// the projections after it, and multiplies.
+fn first_linear(
+    cx: &Ctx,
+    label: &'static str,
+    w: &DevMat,
+    (h_rows, a): (&CudaSlice<bf16>, &mut CudaSlice<bf16>),
+    norm: Option<Span>,
+    t: usize,
+    mut y: CudaViewMut<'_, bf16>,
+    ldy: usize,
+) -> Result<(), BackendError> {
+    let h = cx.dims.h;
+    let Some(norm) = norm else {
+        return linear(cx, label, w, a.as_view(), t, h, y, ldy);
+    };
+    let (nw, eps) = (cx.arena.bf16(norm), cx.cfg.rms_norm_eps);
+    cx.ks.gemv_norm(cx.s, &cx.arena.mat(w), &h_rows.slice(..h), &nw, eps, &mut y, Some(&mut a.slice_mut(..h))).map_err(kern)?;
+    cx.mark(label, w.bytes());
     Ok(())
 }
 
@@ -169,15 +192,24 @@ pub(super) fn body(cx: &Ctx, st: &mut States, ws: &mut Workspace, tables: &CudaS
     let (mut gi, mut ai) = (0, 0);
     for lw in &cx.model.layers {
         // a = RMSNorm_in(h); delta = Mixer(a); h += delta; a = RMSNorm_post(h); h += MoE(a).
-        cx.ks.rms_norm(cx.s, &ws.h, rows, &cx.arena.bf16(lw.attn_norm), &mut ws.a, rows, eps).map_err(kern)?;
-        cx.mark("rms_norm", 0);
+        // A single-token pass norms h inside the mixer's first projection, which also stores a
+        // for the others.
+        let first = match &lw.mixer {
+            MixerW::Gdn(g) => g.stack.as_ref().map_or(&g.qkv, |s| &s.m),
+            MixerW::Attn(at) => &at.q,
+        };
+        let norm_in = (t == 1 && first.takes_norm()).then_some(lw.attn_norm);
+        if norm_in.is_none() {
+            cx.ks.rms_norm(cx.s, &ws.h, rows, &cx.arena.bf16(lw.attn_norm), &mut ws.a, rows, eps).map_err(kern)?;
+            cx.mark("rms_norm", 0);
+        }
         match &lw.mixer {
             MixerW::Gdn(g) => {
-                gdn(cx, g, st, ws, &tb, meta, gi)?;
+                gdn(cx, g, st, ws, &tb, meta, gi, norm_in)?;
                 gi += 1;
             }
             MixerW::Attn(at) => {
-                attention(cx, at, st, ws, &tb, meta, ai)?;
+                attention(cx, at, st, ws, &tb, meta, ai, norm_in)?;
                 ai += 1;
             }
         }
@@ -206,7 +238,7 @@ pub(super) fn head(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, c0: us
 }
 
 /// Gated DeltaNet mixer (model-spec.md §2.4) into `ws.delta`.
-fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, gi: usize) -> Result<(), BackendError> {
+fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, gi: usize, norm: Option<Span>) -> Result<(), BackendError> {
     let d = cx.dims;
     let (t, h, cd, vd, hv) = (meta.tokens, d.h, d.cd, d.vd, d.hv);
     // Step 1: projections. With the stacked matrix, one launch gives each token's row
@@ -216,11 +248,11 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, met
         Some(stack) => {
             let ld = if stack.with_z { vd + cd + 2 * hv } else { cd + 2 * hv };
             let label = if stack.with_z { "gdn.zqkvba" } else { "gdn.qkvba" };
-            linear(cx, label, &stack.m, ws.a.as_view(), t, h, ws.proj.as_view_mut(), ld)?;
+            first_linear(cx, label, &stack.m, (&ws.h, &mut ws.a), norm, t, ws.proj.as_view_mut(), ld)?;
             (ld, if stack.with_z { vd } else { 0 })
         }
         None => {
-            linear(cx, "gdn.qkv", &g.qkv, ws.a.as_view(), t, h, ws.proj.as_view_mut(), cd)?;
+            first_linear(cx, "gdn.qkv", &g.qkv, (&ws.h, &mut ws.a), norm, t, ws.proj.as_view_mut(), cd)?;
             linear(cx, "gdn.b", &g.b, ws.a.as_view(), t, h, ws.ba.as_view_mut(), 2 * hv)?;
             linear(cx, "gdn.a", &g.a, ws.a.as_view(), t, h, ws.ba.slice_mut(hv..), 2 * hv)?;
             (cd, 0)
@@ -265,11 +297,11 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, met
 }
 
 /// Gated full attention (model-spec.md §2.3) into `ws.delta`.
-fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, ai: usize) -> Result<(), BackendError> {
+fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, ai: usize, norm: Option<Span>) -> Result<(), BackendError> {
     let d = cx.dims;
     let (t, h, hq, hkv, dd) = (meta.tokens, d.h, d.hq, d.hkv, d.d);
     // Steps 1-2: q_proj gives per head D query values then D gate values.
-    linear(cx, "attn.q", &at.q, ws.a.as_view(), t, h, ws.proj.as_view_mut(), 2 * hq * dd)?;
+    first_linear(cx, "attn.q", &at.q, (&ws.h, &mut ws.a), norm, t, ws.proj.as_view_mut(), 2 * hq * dd)?;
     linear(cx, "attn.k", &at.k, ws.a.as_view(), t, h, ws.k.as_view_mut(), hkv * dd)?;
     linear(cx, "attn.v", &at.v, ws.a.as_view(), t, h, ws.v.as_view_mut(), hkv * dd)?;
     let ql = HeadLayout { heads: hq, ld: 2 * hq * dd, head_stride: 2 * dd };
@@ -376,7 +408,7 @@ fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize) -> Result
 /// shared expert riding in the same launches (or none), and shapes the grouped kernels take.
 fn grouped(mw: &MoeW, d: &Dims, t: usize) -> bool {
     let nvfp4 = mw.gate_up.is_nvfp4() && mw.down.is_nvfp4();
-    let shapes = d.h % 32 == 0 && d.inter % 32 == 0 && d.h.max(d.inter) <= 2048;
+    let shapes = d.h.is_multiple_of(32) && d.inter.is_multiple_of(32) && d.h.max(d.inter) <= 2048;
     (GROUPED_MIN_TOKENS..=GROUPED_MAX_TOKENS).contains(&t) && nvfp4 && (mw.shared.is_none() || mw.fused) && shapes
 }
 

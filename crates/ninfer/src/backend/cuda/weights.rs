@@ -63,6 +63,12 @@ impl DevMat {
         }
     }
 
+    /// bf16 or q8_g32: the encodings whose single-row product can norm its own input
+    /// (`KernelSet::gemv_norm`).
+    pub fn takes_norm(&self) -> bool {
+        matches!(self.parts, Parts::Bf16 { .. } | Parts::Q8 { .. })
+    }
+
     /// NVFP4-encoded (the grouped expert kernels take only these).
     pub fn is_nvfp4(&self) -> bool {
         matches!(self.parts, Parts::Nvfp4 { .. })
