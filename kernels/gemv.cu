@@ -5,7 +5,8 @@
 //   y[b, n] = sum_k x[b, k] * W[n, k]     for b < batch <= NB, n < N = m.rows, k < K = m.cols
 //   x: bf16 [batch, ldx]; W: one matrix (m.experts == 1) decoded per format.md, nvfp4 including
 //   its per-segment global; f32 accumulation; y [batch, ldy] written as bf16 (rounded once) or f32
-//   (out_f32). Launch: block 256 = 8 warps, one output row per warp, grid ceil(N / 8).
+//   (out_f32); with accumulate (bf16 y), the sum r is added instead: y = bf16(y + bf16(r)), the
+//   residual add in the model dtype. Launch: block 256 = 8 warps, one output row per warp, grid ceil(N / 8).
 //   K must be a multiple of 8 (bf16), 32 (q8_g32, q4_g32, nvfp4) or 64 (q6_g64): whole 16-byte
 //   chunks per lane and whole scale groups. Every weight row and x row must start 16-byte
 //   aligned. y must not alias x or W.
@@ -62,8 +63,10 @@ struct GemvArgs {
     int ldx;
     int ldy;
     int out_f32;
+    int accumulate;  // bf16 y only: y = bf16(y + bf16(r))
+    int pad;
 };
-static_assert(sizeof(GemvArgs) == 80, "mirrored in crates/ninfer-kernels/src/gemv.rs");
+static_assert(sizeof(GemvArgs) == 88, "mirrored in crates/ninfer-kernels/src/gemv.rs");
 
 __device__ __forceinline__ void store_out(void* y, size_t idx, float v, int out_f32, int accumulate) {
     if (out_f32) {
@@ -130,7 +133,7 @@ struct GemvNormArgs {
     float eps;
     int pad;
 };
-static_assert(sizeof(GemvNormArgs) == 104, "mirrored in crates/ninfer-kernels/src/gemv.rs");
+static_assert(sizeof(GemvNormArgs) == 112, "mirrored in crates/ninfer-kernels/src/fused.rs");
 
 template <typename Enc>
 __device__ __forceinline__ void gemv_norm_body(const GemvNormArgs& na) {
@@ -164,7 +167,7 @@ __device__ __forceinline__ void gemv_norm_body(const GemvNormArgs& na) {
         }
     }
     acc = warp_sum1(acc);
-    if (lane == 0) store_out(a.y, row, acc * row_multiplier<Enc>(a.m, 0, row), a.out_f32, 0);
+    if (lane == 0) store_out(a.y, row, acc * row_multiplier<Enc>(a.m, 0, row), a.out_f32, a.accumulate);
 }
 
 template <typename Enc, int NB>
@@ -206,7 +209,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
 #pragma unroll
     for (int b = 0; b < NB; ++b)
         if (b < a.batch && lane == b % 32)
-            store_out(a.y, (size_t)b * a.ldy + row, acc[b] * mul, a.out_f32, 0);
+            store_out(a.y, (size_t)b * a.ldy + row, acc[b] * mul, a.out_f32, a.accumulate);
 }
 
 // Four int8 codes (a u32) to two bf16x2 pairs, exactly: bytes 0-1 into `lo`, 2-3 into `hi`.
@@ -347,7 +350,7 @@ __device__ __forceinline__ void gemv_mma_body(const GemvArgs& a) {
         float sum = 0.f;
 #pragma unroll
         for (int v = 0; v < MMA_WARPS; ++v) sum += part[v][r][b];
-        store_out(a.y, (size_t)b * a.ldy + row0 + r, sum, a.out_f32, 0);
+        store_out(a.y, (size_t)b * a.ldy + row0 + r, sum, a.out_f32, a.accumulate);
     }
 }
 

@@ -2,7 +2,7 @@
 //! (docs/format.md section 3) and the MoE expert-bank kernels (model-spec.md 2.5).
 
 use cudarc::driver::{
-    CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, SyncOnDrop,
+    CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, SyncOnDrop,
 };
 use half::{bf16, f16};
 
@@ -38,7 +38,7 @@ pub enum Weights<'a> {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Encoding {
+pub(crate) enum Encoding {
     Bf16,
     Q8G32,
     Q6G64,
@@ -83,7 +83,7 @@ pub(crate) struct MatArgs {
 const _: () = assert!(std::mem::size_of::<MatArgs>() == 48);
 
 impl<'a> MatrixView<'a> {
-    fn encoding(&self) -> Encoding {
+    pub(crate) fn encoding(&self) -> Encoding {
         match self.weights {
             Weights::Bf16 { .. } => Encoding::Bf16,
             Weights::Q8G32 { .. } => Encoding::Q8G32,
@@ -211,26 +211,19 @@ mod sealed {
 }
 
 #[repr(C)]
-struct GemvArgs {
-    m: MatArgs,
-    x: u64,
-    y: u64,
-    batch: i32,
-    ldx: i32,
-    ldy: i32,
-    out_f32: i32,
+pub(crate) struct GemvArgs {
+    pub(crate) m: MatArgs,
+    pub(crate) x: u64,
+    pub(crate) y: u64,
+    pub(crate) batch: i32,
+    pub(crate) ldx: i32,
+    pub(crate) ldy: i32,
+    pub(crate) out_f32: i32,
+    pub(crate) accumulate: i32,
+    pub(crate) pad: i32,
 }
-device_args!(GemvArgs, 80);
+device_args!(GemvArgs, 88);
 
-#[repr(C)]
-struct GemvNormArgs {
-    g: GemvArgs,
-    norm_w: u64,
-    a_out: u64,
-    eps: f32,
-    pad: i32,
-}
-device_args!(GemvNormArgs, 104);
 
 #[repr(C)]
 pub(crate) struct BankArgs {
@@ -321,7 +314,7 @@ fn span(rows: usize, dim: usize, ld: usize) -> usize {
     }
 }
 
-const ROWS_PER_BLOCK: usize = 8;
+pub(crate) const ROWS_PER_BLOCK: usize = 8;
 
 impl KernelSet {
     /// `y[b, n] = x[b, :] . W[n, :]` for `b < batch` (1..=16): x is bf16 `[batch, ldx]`, y is
@@ -335,6 +328,22 @@ impl KernelSet {
         ldx: usize,
         y: &mut impl DevicePtrMut<O>,
         ldy: usize,
+    ) -> Result<()> {
+        self.gemv_with(stream, w, x, batch, ldx, y, ldy, false)
+    }
+
+    /// As [`KernelSet::gemv`], storing `y` or, with `accumulate` (bf16 `y`), adding the
+    /// product to it: `y = bf16(y + bf16(x·Wᵀ))`.
+    pub(crate) fn gemv_with<O: GemvOut>(
+        &self,
+        stream: &CudaStream,
+        w: &MatrixView,
+        x: &impl DevicePtr<bf16>,
+        batch: usize,
+        ldx: usize,
+        y: &mut impl DevicePtrMut<O>,
+        ldy: usize,
+        accumulate: bool,
     ) -> Result<()> {
         let enc = w.encoding();
         let c = Check::new(gemv_kernel(enc, batch.clamp(1, GEMV_MAX_BATCH)));
@@ -363,6 +372,8 @@ impl KernelSet {
             ldx: c.i32("ldx", ldx)?,
             ldy: c.i32("ldy", ldy)?,
             out_f32: O::IS_F32 as i32,
+            accumulate: accumulate as i32,
+            pad: 0,
         };
         // The tensor-core kernels take 16 rows per block (K in 32-column groups).
         let mma = matches!(c.kernel, Kernel::GemvQ8MmaB8 | Kernel::GemvQ8MmaB16 | Kernel::GemvBf16MmaB8 | Kernel::GemvBf16MmaB16);
@@ -372,56 +383,6 @@ impl KernelSet {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        self.launch_struct(stream, c.kernel, cfg, &args)
-    }
-
-    /// One row normed and multiplied in one launch: `a = bf16(x / rms(x) · (1 + norm_w))` (the
-    /// zero-centred RMSNorm of [`KernelSet::rms_norm`]) and `y = a · Wᵀ`, bit for bit what the
-    /// two launches give; with `a_out`, `a` is stored there too. bf16 and q8_g32 matrices.
-    pub fn gemv_norm<O: GemvOut>(
-        &self,
-        stream: &CudaStream,
-        w: &MatrixView,
-        x: &impl DevicePtr<bf16>,
-        norm_w: &impl DevicePtr<bf16>,
-        eps: f32,
-        y: &mut impl DevicePtrMut<O>,
-        a_out: Option<&mut CudaViewMut<'_, bf16>>,
-    ) -> Result<()> {
-        let kernel = match w.encoding() {
-            Encoding::Bf16 => Kernel::GemvBf16NormB1,
-            Encoding::Q8G32 => Kernel::GemvQ8NormB1,
-            other => return Err(Check::new(Kernel::GemvQ8NormB1).fail(format!("no normed gemv for {other:?}"))),
-        };
-        let c = Check::new(kernel);
-        c.ensure(w.experts == 1, || format!("gemv takes one matrix, got a bank of {}", w.experts))?;
-        let (xl, nl, yl) = (x.len(), norm_w.len(), y.len());
-        let (m, _gm) = w.mat_args(&c, stream)?;
-        let (xp, _gx) = dptr(x, stream);
-        let (np, _gn) = dptr(norm_w, stream);
-        let (yp, _gy) = dptr_mut(y, stream);
-        c.len("x", xl, w.cols)?;
-        c.len("norm_w", nl, w.cols)?;
-        c.len("y", yl, w.rows)?;
-        c.aligned("x", xp, 16)?;
-        c.aligned("norm_w", np, 16)?;
-        let (ap, _ga) = match a_out {
-            Some(a) => {
-                c.len("a_out", a.len(), w.cols)?;
-                let (p, g) = dptr_mut(a, stream);
-                c.aligned("a_out", p, 16)?;
-                (p, Some(g))
-            }
-            None => (0, None),
-        };
-        let args = GemvNormArgs {
-            g: GemvArgs { m, x: xp, y: yp, batch: 1, ldx: c.i32("cols", w.cols)?, ldy: c.i32("rows", w.rows)?, out_f32: O::IS_F32 as i32 },
-            norm_w: np,
-            a_out: ap,
-            eps,
-            pad: 0,
-        };
-        let cfg = LaunchConfig { grid_dim: (blocks(w.rows, ROWS_PER_BLOCK), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         self.launch_struct(stream, c.kernel, cfg, &args)
     }
 

@@ -17,6 +17,8 @@ mod embed;
 #[cfg(feature = "build-cubins")]
 mod experts;
 #[cfg(feature = "build-cubins")]
+mod fused;
+#[cfg(feature = "build-cubins")]
 mod gdn;
 #[cfg(feature = "build-cubins")]
 mod gemv;

@@ -158,3 +158,24 @@ fn gemv_norm_equals_norm_then_gemv() {
         norm_case(enc, 37, 192, 610 + i as u64);
     }
 }
+
+/// The product added into a bf16 residual: y = bf16(y + bf16(x . W)), SIMT and tensor-core rows.
+#[test]
+fn gemv_add_accumulates_in_bf16() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    for (i, enc) in ALL_ENCS.into_iter().enumerate() {
+        for batch in [1usize, 3, 16] {
+            let mut rng = Rng::new(700 + 10 * i as u64 + batch as u64);
+            let (n, k) = (70, 256);
+            let m = HostMat::random(enc, 1, n, k, 1, &mut rng);
+            let x = rng.bf16s(batch * k, 1.0);
+            let resid = rng.bf16s(batch * n, 2.0);
+            let prod = matvec(&m.dequant_expert(0), n, k, &to_f32(&x));
+            let want: Vec<f32> = resid.iter().zip(&prod).map(|(r, &p)| bf(r.to_f32() + bf(p))).collect();
+            let mut y = up(&s, &resid);
+            g.ks.gemv_add(&s, &m.upload(&s).view(), &up(&s, &x), batch, k, &mut y, n).unwrap();
+            assert_close(&format!("gemv_add {enc:?} b={batch}"), &to_f32(&down(&s, &y)), &want, 1e-2);
+        }
+    }
+}

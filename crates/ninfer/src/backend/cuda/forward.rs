@@ -84,9 +84,38 @@ fn linear<O: GemvOut>(
     Ok(())
 }
 
-/// The first projection of a mixer over `t` rows: `linear` of `a`, or, with `norm` (a
-/// single-token pass), one launch that norms `h` with that weight, stores the result in `a` for
-/// the projections after it, and multiplies.
+/// Which of a layer's norms run inside the projections next to them (`body`).
+#[derive(Clone, Copy)]
+struct Fuse {
+    /// The pre-mixer norm's weight, applied inside the mixer's first projection.
+    norm_in: Option<Span>,
+    /// The mixer's output projection adds into h, and the MoE norms h inside its router product.
+    add_out: bool,
+}
+
+/// The output projection of a mixer over `t` rows: into `delta`, or with `add` straight into
+/// the residual `h` (`y = bf16(h + bf16(x·Wᵀ))`, the add of `add_rms_norm`).
+fn out_linear(
+    cx: &Ctx,
+    label: &'static str,
+    w: &DevMat,
+    x: CudaView<'_, bf16>,
+    (t, ldx): (usize, usize),
+    (h_rows, delta): (&mut CudaSlice<bf16>, &mut CudaSlice<bf16>),
+    add: bool,
+) -> Result<(), BackendError> {
+    let h = cx.dims.h;
+    if !add {
+        return linear(cx, label, w, x, t, ldx, delta.as_view_mut(), h);
+    }
+    cx.ks.gemv_add(cx.s, &cx.arena.mat(w), &x, t, ldx, h_rows, h).map_err(kern)?;
+    cx.mark(label, w.bytes());
+    Ok(())
+}
+
+/// The first projection after a norm (a mixer's, or the router's) over `t` rows: `linear` of
+/// `a`, or, with `norm` (a single-token pass), one launch that norms `h` with that weight, stores
+/// the result in `a` for the launches after it, and multiplies.
 fn first_linear(
     cx: &Ctx,
     label: &'static str,
@@ -192,31 +221,38 @@ pub(super) fn body(cx: &Ctx, st: &mut States, ws: &mut Workspace, tables: &CudaS
     let (mut gi, mut ai) = (0, 0);
     for lw in &cx.model.layers {
         // a = RMSNorm_in(h); delta = Mixer(a); h += delta; a = RMSNorm_post(h); h += MoE(a).
-        // A single-token pass norms h inside the mixer's first projection, which also stores a
-        // for the others.
+        // A single-token pass launches neither norm on its own: the mixer's first projection
+        // norms h (and stores a for the others), its output projection adds into h, and the
+        // router product norms h again (storing a for the experts).
         let first = match &lw.mixer {
             MixerW::Gdn(g) => g.stack.as_ref().map_or(&g.qkv, |s| &s.m),
             MixerW::Attn(at) => &at.q,
         };
-        let norm_in = (t == 1 && first.takes_norm()).then_some(lw.attn_norm);
-        if norm_in.is_none() {
+        let router = lw.moe.router_gate.as_ref().unwrap_or(&lw.moe.router);
+        let fuse = Fuse {
+            norm_in: (t == 1 && first.takes_norm()).then_some(lw.attn_norm),
+            add_out: t == 1 && router.takes_norm(),
+        };
+        if fuse.norm_in.is_none() {
             cx.ks.rms_norm(cx.s, &ws.h, rows, &cx.arena.bf16(lw.attn_norm), &mut ws.a, rows, eps).map_err(kern)?;
             cx.mark("rms_norm", 0);
         }
         match &lw.mixer {
             MixerW::Gdn(g) => {
-                gdn(cx, g, st, ws, &tb, meta, gi, norm_in)?;
+                gdn(cx, g, st, ws, &tb, meta, gi, fuse)?;
                 gi += 1;
             }
             MixerW::Attn(at) => {
-                attention(cx, at, st, ws, &tb, meta, ai, norm_in)?;
+                attention(cx, at, st, ws, &tb, meta, ai, fuse)?;
                 ai += 1;
             }
         }
-        let moe_norm = cx.arena.bf16(lw.moe_norm);
-        cx.ks.add_rms_norm(cx.s, &mut ws.h, &ws.delta, rows, &moe_norm, &mut ws.a, rows, eps).map_err(kern)?;
-        cx.mark("add_rms_norm", 0);
-        moe(cx, &lw.moe, ws, &tb, t)?;
+        if !fuse.add_out {
+            let moe_norm = cx.arena.bf16(lw.moe_norm);
+            cx.ks.add_rms_norm(cx.s, &mut ws.h, &ws.delta, rows, &moe_norm, &mut ws.a, rows, eps).map_err(kern)?;
+            cx.mark("add_rms_norm", 0);
+        }
+        moe(cx, &lw.moe, ws, &tb, t, fuse.add_out.then_some(lw.moe_norm))?;
     }
     // Final norm; the head reads its rows from `ws.a`.
     cx.ks.rms_norm(cx.s, &ws.h, rows, &cx.arena.bf16(cx.model.final_norm), &mut ws.a, rows, eps).map_err(kern)?;
@@ -238,7 +274,7 @@ pub(super) fn head(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, c0: us
 }
 
 /// Gated DeltaNet mixer (model-spec.md §2.4) into `ws.delta`.
-fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, gi: usize, norm: Option<Span>) -> Result<(), BackendError> {
+fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, gi: usize, fuse: Fuse) -> Result<(), BackendError> {
     let d = cx.dims;
     let (t, h, cd, vd, hv) = (meta.tokens, d.h, d.cd, d.vd, d.hv);
     // Step 1: projections. With the stacked matrix, one launch gives each token's row
@@ -248,11 +284,11 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, met
         Some(stack) => {
             let ld = if stack.with_z { vd + cd + 2 * hv } else { cd + 2 * hv };
             let label = if stack.with_z { "gdn.zqkvba" } else { "gdn.qkvba" };
-            first_linear(cx, label, &stack.m, (&ws.h, &mut ws.a), norm, t, ws.proj.as_view_mut(), ld)?;
+            first_linear(cx, label, &stack.m, (&ws.h, &mut ws.a), fuse.norm_in, t, ws.proj.as_view_mut(), ld)?;
             (ld, if stack.with_z { vd } else { 0 })
         }
         None => {
-            first_linear(cx, "gdn.qkv", &g.qkv, (&ws.h, &mut ws.a), norm, t, ws.proj.as_view_mut(), cd)?;
+            first_linear(cx, "gdn.qkv", &g.qkv, (&ws.h, &mut ws.a), fuse.norm_in, t, ws.proj.as_view_mut(), cd)?;
             linear(cx, "gdn.b", &g.b, ws.a.as_view(), t, h, ws.ba.as_view_mut(), 2 * hv)?;
             linear(cx, "gdn.a", &g.a, ws.a.as_view(), t, h, ws.ba.slice_mut(hv..), 2 * hv)?;
             (cd, 0)
@@ -293,15 +329,15 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, met
         ws.proj.as_view()
     };
     cx.mark("gated_rms_norm", 0);
-    linear(cx, "gdn.out", &g.out, normed, t, vd, ws.delta.as_view_mut(), h)
+    out_linear(cx, "gdn.out", &g.out, normed, (t, vd), (&mut ws.h, &mut ws.delta), fuse.add_out)
 }
 
 /// Gated full attention (model-spec.md §2.3) into `ws.delta`.
-fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, ai: usize, norm: Option<Span>) -> Result<(), BackendError> {
+fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, ai: usize, fuse: Fuse) -> Result<(), BackendError> {
     let d = cx.dims;
     let (t, h, hq, hkv, dd) = (meta.tokens, d.h, d.hq, d.hkv, d.d);
     // Steps 1-2: q_proj gives per head D query values then D gate values.
-    first_linear(cx, "attn.q", &at.q, (&ws.h, &mut ws.a), norm, t, ws.proj.as_view_mut(), 2 * hq * dd)?;
+    first_linear(cx, "attn.q", &at.q, (&ws.h, &mut ws.a), fuse.norm_in, t, ws.proj.as_view_mut(), 2 * hq * dd)?;
     linear(cx, "attn.k", &at.k, ws.a.as_view(), t, h, ws.k.as_view_mut(), hkv * dd)?;
     linear(cx, "attn.v", &at.v, ws.a.as_view(), t, h, ws.v.as_view_mut(), hkv * dd)?;
     let ql = HeadLayout { heads: hq, ld: 2 * hq * dd, head_stride: 2 * dd };
@@ -339,19 +375,20 @@ fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tab
     // Every sequence reads its K and V rows (the longest bounds the others).
     cx.mark("attention", meta.seqs * meta.max_kv * 2 * hkv * dd * 2);
     // Step 7: output projection.
-    linear(cx, "attn.o", &at.o, ws.mix.as_view(), t, hq * dd, ws.delta.as_view_mut(), h)
+    out_linear(cx, "attn.o", &at.o, ws.mix.as_view(), (t, hq * dd), (&mut ws.h, &mut ws.delta), fuse.add_out)
 }
 
 /// Sparse MoE block (model-spec.md §2.5), added into the residual `ws.h` in bf16.
-fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize) -> Result<(), BackendError> {
+fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, norm: Option<Span>) -> Result<(), BackendError> {
     let d = cx.dims;
     let (h, e, k) = (d.h, d.e, d.topk);
     // Router logits, and the shared expert's gate logit in column E of the same rows: one
     // launch of the stacked matrix, or two.
+    // With `norm` (a single-token pass), the first of them norms h and stores a (first_linear).
     if let Some(m) = &mw.router_gate {
-        linear(cx, "moe.router_gate", m, ws.a.as_view(), t, h, ws.router.as_view_mut(), e + 1)?;
+        first_linear(cx, "moe.router_gate", m, (&ws.h, &mut ws.a), norm, t, ws.router.as_view_mut(), e + 1)?;
     } else {
-        linear(cx, "moe.router", &mw.router, ws.a.as_view(), t, h, ws.router.as_view_mut(), e + 1)?;
+        first_linear(cx, "moe.router", &mw.router, (&ws.h, &mut ws.a), norm, t, ws.router.as_view_mut(), e + 1)?;
         if let Some(sh) = &mw.shared {
             linear(cx, "moe.shared_gate", &sh.gate, ws.a.as_view(), t, h, ws.router.slice_mut(e..), e + 1)?;
         }
