@@ -21,6 +21,12 @@
 //   kernels' bits. K % 8 == 0 on top of the encoding's multiple; a_out must not alias x.
 //   Launch as ninfer_gemv_<enc>_b1.
 //
+// ninfer_moe_router_bf16_b1  (RouterArgs)
+//   ninfer_gemv_bf16_norm_b1 over the router rows (and the shared gate's row after them, bf16 y
+//   of E (+ 1) logits, a_out as there), then ninfer_moe_route of that one row (moe.cu's contract)
+//   by the last block to finish, which also resets `counter` to zero for the next launch. The
+//   ids and weights are those of the two launches, bit for bit. Launch as the b1 product.
+//
 // ninfer_gemv_<enc>_mma_b<NB>  (enc: bf16, q8_g32; NB: 8, 16)
 //   The contract above for batches of 2-8 (b8) and 9-16 (b16) rows, on the tensor cores:
 //   mma.m16n8k16 with bf16 operands and f32 accumulation. bf16 weights and int8 codes are exact
@@ -54,6 +60,7 @@
 // experts are data), except the shared expert's slots of gate_up.
 #include "quant.cuh"
 #include "rms.cuh"
+#include "route.cuh"
 
 struct GemvArgs {
     Mat m;
@@ -135,6 +142,7 @@ struct GemvNormArgs {
 };
 static_assert(sizeof(GemvNormArgs) == 112, "mirrored in crates/ninfer-kernels/src/fused.rs");
 
+// No early return: the fused router kernel below synchronises the block after it.
 template <typename Enc>
 __device__ __forceinline__ void gemv_norm_body(const GemvNormArgs& na) {
     constexpr int CH = Enc::CHUNK;
@@ -143,15 +151,15 @@ __device__ __forceinline__ void gemv_norm_body(const GemvNormArgs& na) {
     grid_release();
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (row >= a.m.rows) return;
-    const int nchunks = a.m.cols / CH;
+    // A warp past the last row has no chunks: it only waits like the others.
+    const int nchunks = row < a.m.rows ? a.m.cols / CH : 0;
     typename Enc::Raw raw[D];
 #pragma unroll
     for (int i = 0; i < D; ++i)
         if (lane + 32 * i < nchunks) raw[i] = Enc::load(a.m, 0, row, lane + 32 * i);
     for (int c = lane + 32 * D; c < nchunks; c += 32) Enc::prefetch(a.m, 0, row, c);
     grid_wait();
-    const float inv = inv_rms(a.x, a.m.cols, na.eps, lane);
+    const float inv = row < a.m.rows ? inv_rms(a.x, a.m.cols, na.eps, lane) : 0.f;
     if (na.a_out != nullptr && row == 0) store_zc_norm(a.x, na.norm_w, na.a_out, a.m.cols, inv, lane);
     float acc = 0.f;
     for (int base = lane; base < nchunks; base += 32 * D) {
@@ -167,7 +175,36 @@ __device__ __forceinline__ void gemv_norm_body(const GemvNormArgs& na) {
         }
     }
     acc = warp_sum1(acc);
-    if (lane == 0) store_out(a.y, row, acc * row_multiplier<Enc>(a.m, 0, row), a.out_f32, a.accumulate);
+    if (lane == 0 && row < a.m.rows) store_out(a.y, row, acc * row_multiplier<Enc>(a.m, 0, row), a.out_f32, a.accumulate);
+}
+
+struct RouterArgs {
+    GemvNormArgs n;  // y: the bf16 logits row [E (+ 1)], the shared gate's logit last
+    int* ids;
+    float* w;
+    unsigned* counter;  // zero between launches; the last block puts it back to zero
+    int experts;
+    int topk;
+    int has_shared;
+    int pad;
+};
+static_assert(sizeof(RouterArgs) == 152, "mirrored in crates/ninfer-kernels/src/fused.rs");
+
+template <typename Enc>
+__device__ __forceinline__ void router_body(const RouterArgs& r) {
+    __shared__ bool last;
+    gemv_norm_body<Enc>(r.n);
+    // The block whose logits complete the row routes it: every block publishes its rows, then
+    // counts itself in; the last to arrive sees all of them (through L2, route_row).
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(r.counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 32)
+        route_row(static_cast<const bf16*>(r.n.g.y), 0, 1, r.experts, r.topk, r.has_shared, r.ids, r.w, threadIdx.x);
+    if (threadIdx.x == 0) *r.counter = 0u;
 }
 
 template <typename Enc, int NB>
@@ -490,6 +527,7 @@ NINFER_GEMV(bf16, EncBf16, 1)
     }
 NINFER_GEMV_NORM(bf16, EncBf16)
 NINFER_GEMV_NORM(q8_g32, EncQ8)
+extern "C" __global__ void __launch_bounds__(256) ninfer_moe_router_bf16_b1(RouterArgs a) { router_body<EncBf16>(a); }
 #define NINFER_GEMV_MMA(name, M)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_mma_b8(GemvArgs a) {  \
         gemv_mma_body<M, 1>(a);                                                                     \

@@ -12,10 +12,7 @@
 //   computed (the full denominator cancels). A token whose logits are all NaN gets weights 0.
 //   Limits: E <= 512, 1 <= topk <= min(E, 32).
 //   Launch: block 128 = 4 warps, one token per warp, grid ceil(tokens / 4).
-#include "common.cuh"
-
-#define ROUTE_PER_LANE 16
-#define NO_EXPERT 0x7fffffff
+#include "route.cuh"
 
 struct RouteArgs {
     const bf16* logits;
@@ -34,55 +31,6 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_moe_route(RouteArgs a) 
     grid_release();
     grid_wait();
     const int t = blockIdx.x * 4 + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
     if (t >= a.tokens) return;
-    const bf16* row = a.logits + (size_t)t * a.ld;
-    float v[ROUTE_PER_LANE];
-#pragma unroll
-    for (int i = 0; i < ROUTE_PER_LANE; ++i) {
-        const int e = lane + 32 * i;
-        const float x = e < a.experts ? bf2f(row[e]) : -INFINITY;
-        v[i] = isnan(x) ? -INFINITY : x;
-    }
-    unsigned taken = 0;  // bit i: expert lane + 32*i already selected
-    float top = -INFINITY, sum = 0.f, my_p = 0.f;
-    int my_id = 0;
-    for (int j = 0; j < a.topk; ++j) {
-        float best = -INFINITY;
-        int best_e = NO_EXPERT;
-#pragma unroll
-        for (int i = 0; i < ROUTE_PER_LANE; ++i) {
-            const int e = lane + 32 * i;
-            if (e < a.experts && !((taken >> i) & 1u) &&
-                (best_e == NO_EXPERT || v[i] > best || (v[i] == best && e < best_e))) {
-                best = v[i];
-                best_e = e;
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-            if (oe != NO_EXPERT &&
-                (best_e == NO_EXPERT || ob > best || (ob == best && oe < best_e))) {
-                best = ob;
-                best_e = oe;
-            }
-        }
-        if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
-        if (j == 0) top = best;
-        const float p = best == -INFINITY ? 0.f : expf(best - top);
-        sum += p;
-        if (lane == j) {
-            my_p = p;
-            my_id = best_e;
-        }
-    }
-    if (lane < a.topk) {
-        a.ids[(size_t)t * a.topk + lane] = my_id;
-        a.w[(size_t)t * a.topk + lane] = sum > 0.f ? round_bf(my_p / sum) : 0.f;
-    }
-    if (a.has_shared && lane == 0) {
-        a.w[(size_t)a.tokens * a.topk + t] = round_bf(sigmoid(bf2f(row[a.experts])));
-    }
+    route_row(a.logits + (size_t)t * a.ld, t, a.tokens, a.experts, a.topk, a.has_shared, a.ids, a.w, threadIdx.x & 31);
 }

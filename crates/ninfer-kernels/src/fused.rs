@@ -1,7 +1,8 @@
 //! Launchers of the fused projections of kernels/gemv.cu: a row normed inside its product
-//! (`gemv_norm`), and a product added into the residual stream (`gemv_add`).
+//! (`gemv_norm`), a product added into the residual stream (`gemv_add`), and the router
+//! product of one normed row with the routing done by its last block (`moe_router`).
 
-use cudarc::driver::{CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDrop};
 use half::bf16;
 
 use crate::gemv::{Encoding, GemvArgs, GemvOut, MatrixView, ROWS_PER_BLOCK};
@@ -18,6 +19,19 @@ struct GemvNormArgs {
     pad: i32,
 }
 device_args!(GemvNormArgs, 112);
+
+#[repr(C)]
+struct RouterArgs {
+    n: GemvNormArgs,
+    ids: u64,
+    w: u64,
+    counter: u64,
+    experts: i32,
+    topk: i32,
+    has_shared: i32,
+    pad: i32,
+}
+device_args!(RouterArgs, 152);
 
 impl KernelSet {
     /// One row normed and multiplied in one launch: `a = bf16(x / rms(x) · (1 + norm_w))` (the
@@ -39,35 +53,53 @@ impl KernelSet {
             other => return Err(Check::new(Kernel::GemvQ8NormB1).fail(format!("no normed gemv for {other:?}"))),
         };
         let c = Check::new(kernel);
-        c.ensure(w.experts == 1, || format!("gemv takes one matrix, got a bank of {}", w.experts))?;
-        let (xl, nl, yl) = (x.len(), norm_w.len(), y.len());
-        let (m, _gm) = w.mat_args(&c, stream)?;
-        let (xp, _gx) = dptr(x, stream);
-        let (np, _gn) = dptr(norm_w, stream);
-        let (yp, _gy) = dptr_mut(y, stream);
-        c.len("x", xl, w.cols)?;
-        c.len("norm_w", nl, w.cols)?;
+        let (yl, (yp, _gy)) = (y.len(), dptr_mut(y, stream));
         c.len("y", yl, w.rows)?;
-        c.aligned("x", xp, 16)?;
-        c.aligned("norm_w", np, 16)?;
-        let (ap, _ga) = match a_out {
-            Some(a) => {
-                c.len("a_out", a.len(), w.cols)?;
-                let (p, g) = dptr_mut(a, stream);
-                c.aligned("a_out", p, 16)?;
-                (p, Some(g))
-            }
-            None => (0, None),
-        };
-        let args = GemvNormArgs {
-            g: GemvArgs { m, x: xp, y: yp, batch: 1, ldx: c.i32("cols", w.cols)?, ldy: c.i32("rows", w.rows)?, out_f32: O::IS_F32 as i32, accumulate: 0, pad: 0 },
-            norm_w: np,
-            a_out: ap,
-            eps,
-            pad: 0,
-        };
-        let cfg = LaunchConfig { grid_dim: (blocks(w.rows, ROWS_PER_BLOCK), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        self.launch_struct(stream, c.kernel, cfg, &args)
+        norm_args(&c, stream, w, x, norm_w, eps, (yp, O::IS_F32), a_out, |args, _guards| {
+            let cfg = LaunchConfig { grid_dim: (blocks(w.rows, ROWS_PER_BLOCK), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            self.launch_struct(stream, c.kernel, cfg, &args)
+        })
+    }
+
+    /// The router logits of one token from its un-normed residual row, as [`KernelSet::gemv_norm`]
+    /// gives them into bf16 `logits` (`[E]`, or `[E + 1]` with the shared expert's gate row last
+    /// in a bf16 `w`), then the routing of [`KernelSet::moe_route`] of that row into `ids`
+    /// (`[topk]`) and `route_w` (`[topk (+ 1)]`), done by the launch's last block. `counter` is
+    /// one u32, zero before the launch and zero again after it.
+    pub fn moe_router(
+        &self,
+        stream: &CudaStream,
+        w: &MatrixView,
+        x: &impl DevicePtr<bf16>,
+        norm_w: &impl DevicePtr<bf16>,
+        eps: f32,
+        logits: &mut impl DevicePtrMut<bf16>,
+        a_out: Option<&mut CudaViewMut<'_, bf16>>,
+        (experts, topk, has_shared): (usize, usize, bool),
+        ids: &mut impl DevicePtrMut<i32>,
+        route_w: &mut impl DevicePtrMut<f32>,
+        counter: &mut impl DevicePtrMut<u32>,
+    ) -> Result<()> {
+        let c = Check::new(Kernel::MoeRouterBf16B1);
+        c.ensure(w.encoding() == Encoding::Bf16, || format!("the fused router takes a bf16 matrix, not {:?}", w.encoding()))?;
+        c.ensure(w.rows == experts + has_shared as usize, || format!("{} router rows for {experts} experts (shared gate: {has_shared})", w.rows))?;
+        c.ensure((1..=crate::ROUTE_MAX_EXPERTS).contains(&experts) && topk >= 1 && topk <= experts.min(32), || {
+            format!("top-{topk} of {experts} experts")
+        })?;
+        let (ll, il, wl, cl) = (logits.len(), ids.len(), route_w.len(), counter.len());
+        c.len("logits", ll, w.rows)?;
+        c.len("ids", il, topk)?;
+        c.len("route_w", wl, topk + has_shared as usize)?;
+        c.len("counter", cl, 1)?;
+        let (lp, _gl) = dptr_mut(logits, stream);
+        let (ip, _gi) = dptr_mut(ids, stream);
+        let (wp, _gw) = dptr_mut(route_w, stream);
+        let (cp, _gc) = dptr_mut(counter, stream);
+        norm_args(&c, stream, w, x, norm_w, eps, (lp, false), a_out, |n, _guards| {
+            let args = RouterArgs { n, ids: ip, w: wp, counter: cp, experts: experts as i32, topk: topk as i32, has_shared: has_shared as i32, pad: 0 };
+            let cfg = LaunchConfig { grid_dim: (blocks(w.rows, ROWS_PER_BLOCK), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            self.launch_struct(stream, c.kernel, cfg, &args)
+        })
     }
 
     /// `y = bf16(y + bf16(x·Wᵀ))` for `batch` rows: a projection added into the residual stream
@@ -84,4 +116,41 @@ impl KernelSet {
     ) -> Result<()> {
         self.gemv_with(stream, w, x, batch, ldx, y, ldy, true)
     }
+}
+
+/// Checks and builds the arguments of a normed one-row product writing `y` (its device address,
+/// and whether it is f32), then hands them to `launch` while the buffers' guards are held.
+fn norm_args<'s>(
+    c: &Check,
+    stream: &'s CudaStream,
+    w: &'s MatrixView,
+    x: &'s impl DevicePtr<bf16>,
+    norm_w: &'s impl DevicePtr<bf16>,
+    eps: f32,
+    (yp, y_f32): (u64, bool),
+    a_out: Option<&'s mut CudaViewMut<'_, bf16>>,
+    launch: impl FnOnce(GemvNormArgs, &[SyncOnDrop<'s>]) -> Result<()>,
+) -> Result<()> {
+    c.ensure(w.experts == 1, || format!("gemv takes one matrix, got a bank of {}", w.experts))?;
+    let (xl, nl) = (x.len(), norm_w.len());
+    let (m, mut guards) = w.mat_args(c, stream)?;
+    let (xp, gx) = dptr(x, stream);
+    let (np, gn) = dptr(norm_w, stream);
+    guards.extend([gx, gn]);
+    c.len("x", xl, w.cols)?;
+    c.len("norm_w", nl, w.cols)?;
+    c.aligned("x", xp, 16)?;
+    c.aligned("norm_w", np, 16)?;
+    let ap = match a_out {
+        Some(a) => {
+            c.len("a_out", a.len(), w.cols)?;
+            let (p, g) = dptr_mut(a, stream);
+            c.aligned("a_out", p, 16)?;
+            guards.push(g);
+            p
+        }
+        None => 0,
+    };
+    let g = GemvArgs { m, x: xp, y: yp, batch: 1, ldx: c.i32("cols", w.cols)?, ldy: c.i32("rows", w.rows)?, out_f32: y_f32 as i32, accumulate: 0, pad: 0 };
+    launch(GemvNormArgs { g, norm_w: np, a_out: ap, eps, pad: 0 }, &guards)
 }

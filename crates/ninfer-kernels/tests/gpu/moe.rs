@@ -287,3 +287,43 @@ fn router_skips_nan_logits() {
     let w = down(&s, &w);
     assert!((w.iter().sum::<f32>() - 1.0).abs() < 1e-2);
 }
+
+/// The fused router (norm, router product, routing by the last block) against the launches it
+/// replaces, twice in a row (its block counter must be back at zero after each launch).
+#[test]
+fn fused_router_equals_norm_product_and_route() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(450);
+    for (experts, topk, shared, hidden) in [(256usize, 8usize, true, 2048usize), (64, 4, false, 256)] {
+        let rows = experts + shared as usize;
+        let m = HostMat::random(Enc::Bf16, 1, rows, hidden, 1, &mut rng).upload(&s);
+        let name = format!("router E={experts} top{topk} shared={shared}");
+        for round in 0..2 {
+            let (x, nw) = (up(&s, &rng.bf16s(hidden, 2.0)), up(&s, &rng.bf16s(hidden, 0.1)));
+            let mut logits_ref = nan_bf16(&s, rows);
+            let mut a_ref = nan_bf16(&s, hidden);
+            g.ks.gemv_norm(&s, &m.view(), &x, &nw, 1e-6, &mut logits_ref, Some(&mut a_ref.slice_mut(..))).unwrap();
+            let (mut ids_ref, mut w_ref) = (up(&s, &vec![-1i32; topk]), nan_f32(&s, topk + shared as usize));
+            g.ks.moe_route(&s, &logits_ref, rows, 1, experts, topk, shared, &mut ids_ref, &mut w_ref).unwrap();
+
+            let mut logits = nan_bf16(&s, rows);
+            let mut a = nan_bf16(&s, hidden);
+            let (mut ids, mut w) = (up(&s, &vec![-1i32; topk]), nan_f32(&s, topk + shared as usize));
+            let mut counter = up(&s, &[0u32]);
+            if round == 1 {
+                // A first launch on the same counter: the second must still route.
+                g.ks.moe_router(&s, &m.view(), &x, &nw, 1e-6, &mut logits, None, (experts, topk, shared), &mut ids, &mut w, &mut counter).unwrap();
+            }
+            g.ks.moe_router(&s, &m.view(), &x, &nw, 1e-6, &mut logits, Some(&mut a.slice_mut(..)), (experts, topk, shared), &mut ids, &mut w, &mut counter)
+                .unwrap();
+            assert_eq!(down(&s, &logits), down(&s, &logits_ref), "{name}: logits");
+            assert_eq!(down(&s, &a), down(&s, &a_ref), "{name}: normed row");
+            assert_eq!(down(&s, &ids), down(&s, &ids_ref), "{name}: ids");
+            let (wg, wr) = (down(&s, &w), down(&s, &w_ref));
+            assert!(wg.iter().all(|v| v.is_finite()), "{name}: weights {wg:?}");
+            assert_eq!(wg, wr, "{name}: weights");
+            assert_eq!(down(&s, &counter), vec![0u32], "{name}: counter left at zero");
+        }
+    }
+}

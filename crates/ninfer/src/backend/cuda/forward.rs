@@ -383,8 +383,27 @@ fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, norm: Opt
     let d = cx.dims;
     let (h, e, k) = (d.h, d.e, d.topk);
     // Router logits, and the shared expert's gate logit in column E of the same rows: one
-    // launch of the stacked matrix, or two.
-    // With `norm` (a single-token pass), the first of them norms h and stores a (first_linear).
+    // launch of the stacked matrix, or two; then the routing. With `norm` (a single-token pass)
+    // one launch norms h, stores a, multiplies and routes, when the one bf16 matrix holds every
+    // logit; otherwise the first product norms h and stores a (first_linear).
+    let whole = mw.router_gate.as_ref().or(mw.shared.is_none().then_some(&mw.router));
+    if let (Some(norm), Some(m)) = (norm, whole.filter(|m| m.is_bf16())) {
+        let (nw, eps) = (cx.arena.bf16(norm), cx.cfg.rms_norm_eps);
+        let routing = (e, k, mw.shared.is_some());
+        let mut a = ws.a.slice_mut(..h);
+        cx.ks
+            .moe_router(cx.s, &cx.arena.mat(m), &ws.h.slice(..h), &nw, eps, &mut ws.router, Some(&mut a), routing, &mut ws.ids, &mut ws.route_w, &mut ws.route_counter)
+            .map_err(kern)?;
+        cx.mark("moe.router_route", m.bytes());
+    } else {
+        router(cx, mw, ws, t, norm)?;
+    }
+    experts(cx, mw, ws, tb, t)
+}
+
+/// The router product(s) into `ws.router` and the routing of every token.
+fn router(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, t: usize, norm: Option<Span>) -> Result<(), BackendError> {
+    let (h, e, k) = (cx.dims.h, cx.dims.e, cx.dims.topk);
     if let Some(m) = &mw.router_gate {
         first_linear(cx, "moe.router_gate", m, (&ws.h, &mut ws.a), norm, t, ws.router.as_view_mut(), e + 1)?;
     } else {
@@ -395,6 +414,13 @@ fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, norm: Opt
     }
     cx.ks.moe_route(cx.s, &ws.router, e + 1, t, e, k, mw.shared.is_some(), &mut ws.ids, &mut ws.route_w).map_err(kern)?;
     cx.mark("moe.route", 0);
+    Ok(())
+}
+
+/// The routed and shared experts of the chosen ids, added into the residual `ws.h`.
+fn experts(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize) -> Result<(), BackendError> {
+    let d = cx.dims;
+    let (h, e, k) = (d.h, d.e, d.topk);
     // Of each bank, the experts the tokens chose (at most all of them); the shared expert once.
     let touched = |bank: &DevMat| bank.bytes() / e * (t * k).min(e);
     let shared = |f: fn(&SharedW) -> &DevMat| mw.shared.as_ref().map_or(0, |sh| f(sh).bytes());
