@@ -181,7 +181,7 @@ unsafe fn launch_dependent<A: DeviceRepr>(stream: &CudaStream, f: sys::CUfunctio
 /// most 65,535. A launch past them fails with an unnamed "invalid argument"; this names it.
 fn check_grid(kernel: Kernel, cfg: &LaunchConfig) -> Result<()> {
     let (x, y, z) = cfg.grid_dim;
-    Check::new(kernel).ensure(x >= 1 && x < (1 << 31) && (1..=65_535).contains(&y) && (1..=65_535).contains(&z), || {
+    Check::new(kernel).ensure((1..(1 << 31)).contains(&x) && (1..=65_535).contains(&y) && (1..=65_535).contains(&z), || {
         format!("grid ({x}, {y}, {z}) outside the device limits (x < 2^31, y and z at most 65,535)")
     })
 }

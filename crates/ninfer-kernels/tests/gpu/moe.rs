@@ -141,7 +141,7 @@ fn bank_case(
 
     // The grouped kernels of a prompt pass (NVFP4): the same gate_up output, and down plus the
     // combine into the same residual.
-    let fits = inter % 32 == 0 && hidden % 32 == 0 && hidden.max(inter) <= 2048;
+    let fits = inter.is_multiple_of(32) && hidden.is_multiple_of(32) && hidden.max(inter) <= 2048;
     if enc == Enc::Nvfp4 && tokens <= GROUPED_MAX_TOKENS && fits {
         let mut mg = nan_bf16(&s, slots * inter);
         g.ks.moe_gate_up_grouped(&s, &dgu.view(), shared.then_some(&shared_gu), &dx, hidden, tokens, topk, &dids, &mut mg)
