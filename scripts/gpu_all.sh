@@ -8,6 +8,7 @@
 # Usage: scripts/gpu_all.sh WHEEL_DIR TEST_BIN_DIR OUT_DIR
 #   WHEEL_DIR     holds one ninfer wheel built with `--features cuda`
 #   TEST_BIN_DIR  the test executables for scripts/gpu_test.sh
+# scripts/gpu_bin.sh DIR builds both (DIR and DIR/tests).
 set -uo pipefail
 [ $# -eq 3 ] || { sed -n '2,10p' "$0"; exit 2; }
 wheels=$1 bins=$2 out=$3

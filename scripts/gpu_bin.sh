@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds what a GPU machine without Rust needs, into one folder for scripts/gpu_all.sh: the
+# ninfer wheel with the CUDA backend (OUT_DIR/*.whl) and the stripped test executables of the
+# kernels and of the CUDA backend (OUT_DIR/tests/). nvcc is found as build.rs finds it
+# (scripts/install_nvcc.sh installs it). Release builds only: the folder stays near 35 MB.
+#
+# Usage: scripts/gpu_bin.sh OUT_DIR
+set -euo pipefail
+[ $# -eq 1 ] || { sed -n '2,8p' "$0"; exit 2; }
+out=$1
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+rm -rf "$out"
+mkdir -p "$out/tests"
+maturin build --release --features cuda --out "$out"
+{
+    cargo test --no-run --release -p ninfer-kernels --features build-cubins --message-format=json
+    cargo test --no-run --release -p ninfer --features cuda --message-format=json
+} 2>/dev/null | python3 -c 'import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    exe = m.get("executable")
+    # the CPU-only example test is left out: it needs cargo at run time
+    if m.get("reason") == "compiler-artifact" and exe and m["profile"]["test"] and "/example-" not in exe:
+        print(exe)' | while read -r exe; do cp "$exe" "$out/tests/"; done
+strip "$out"/tests/*
+du -sh "$out"
