@@ -10,7 +10,7 @@
 #   TEST_BIN_DIR  the test executables for scripts/gpu_test.sh
 # scripts/gpu_bin.sh DIR builds both (DIR and DIR/tests).
 set -uo pipefail
-[ $# -eq 3 ] || { sed -n '2,10p' "$0"; exit 2; }
+[ $# -eq 3 ] || { sed -n '2,11p' "$0"; exit 2; }
 wheels=$1 bins=$2 out=$3
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
