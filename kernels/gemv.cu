@@ -110,6 +110,33 @@ __device__ __forceinline__ float chunk_dot(const float (&w)[Enc::CHUNK], const f
 // Chunk loads a lane keeps in flight: a whole 2,048-wide q8 or 4-bit row at batch <= 4; two at
 // larger batches, whose accumulators need the registers.
 
+// The weight row a warp streams. row_start loads each lane's first D chunks into `raw` and asks
+// L2 for the rest of the row (weights only, so callable before grid_wait()); row_each then hands
+// every chunk to `use(c, w, sc)` decoded, in lane order, keeping D loads in flight.
+template <typename Enc, int D>
+__device__ __forceinline__ void row_start(typename Enc::Raw (&raw)[D], const Mat& m, int row, int nchunks, int lane) {
+#pragma unroll
+    for (int i = 0; i < D; ++i)
+        if (lane + 32 * i < nchunks) raw[i] = Enc::load(m, 0, row, lane + 32 * i);
+    for (int c = lane + 32 * D; c < nchunks; c += 32) Enc::prefetch(m, 0, row, c);
+}
+
+template <typename Enc, int D, typename Use>
+__device__ __forceinline__ void row_each(typename Enc::Raw (&raw)[D], const Mat& m, int row, int nchunks, int lane, Use use) {
+    for (int base = lane; base < nchunks; base += 32 * D) {
+#pragma unroll
+        for (int i = 0; i < D; ++i) {
+            const int c = base + 32 * i;
+            if (c >= nchunks) break;
+            const typename Enc::Raw cur = raw[i];
+            if (c + 32 * D < nchunks) raw[i] = Enc::load(m, 0, row, c + 32 * D);
+            float w[Enc::CHUNK], sc[Enc::GROUPS];
+            Enc::dequant(cur, w, sc);
+            use(c, w, sc);
+        }
+    }
+}
+
 // chunk_dot over the normed row: each x element becomes bf16(x * inv * (1 + nw)) first, the
 // value ninfer_rms_norm stores (rms.cuh).
 template <typename Enc>
@@ -146,34 +173,21 @@ static_assert(sizeof(GemvNormArgs) == 112, "mirrored in crates/ninfer-kernels/sr
 template <typename Enc>
 __device__ __forceinline__ void gemv_norm_body(const GemvNormArgs& na) {
     constexpr int CH = Enc::CHUNK;
-    constexpr int D = 4;
     const GemvArgs& a = na.g;
     grid_release();
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
     // A warp past the last row has no chunks: it only waits like the others.
     const int nchunks = row < a.m.rows ? a.m.cols / CH : 0;
-    typename Enc::Raw raw[D];
-#pragma unroll
-    for (int i = 0; i < D; ++i)
-        if (lane + 32 * i < nchunks) raw[i] = Enc::load(a.m, 0, row, lane + 32 * i);
-    for (int c = lane + 32 * D; c < nchunks; c += 32) Enc::prefetch(a.m, 0, row, c);
+    typename Enc::Raw raw[4];
+    row_start<Enc>(raw, a.m, row, nchunks, lane);
     grid_wait();
     const float inv = row < a.m.rows ? inv_rms(a.x, a.m.cols, na.eps, lane) : 0.f;
     if (na.a_out != nullptr && row == 0) store_zc_norm(a.x, na.norm_w, na.a_out, a.m.cols, inv, lane);
     float acc = 0.f;
-    for (int base = lane; base < nchunks; base += 32 * D) {
-#pragma unroll
-        for (int i = 0; i < D; ++i) {
-            const int c = base + 32 * i;
-            if (c >= nchunks) break;
-            const typename Enc::Raw cur = raw[i];
-            if (c + 32 * D < nchunks) raw[i] = Enc::load(a.m, 0, row, c + 32 * D);
-            float w[CH], sc[Enc::GROUPS];
-            Enc::dequant(cur, w, sc);
-            acc += chunk_dot_normed<Enc>(w, sc, a.x + (size_t)c * CH, na.norm_w + (size_t)c * CH, inv);
-        }
-    }
+    row_each<Enc>(raw, a.m, row, nchunks, lane, [&](int c, const float (&w)[CH], const float (&sc)[Enc::GROUPS]) {
+        acc += chunk_dot_normed<Enc>(w, sc, a.x + (size_t)c * CH, na.norm_w + (size_t)c * CH, inv);
+    });
     acc = warp_sum1(acc);
     if (lane == 0 && row < a.m.rows) store_out(a.y, row, acc * row_multiplier<Enc>(a.m, 0, row), a.out_f32, a.accumulate);
 }
@@ -210,37 +224,23 @@ __device__ __forceinline__ void router_body(const RouterArgs& r) {
 template <typename Enc, int NB>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
     constexpr int CH = Enc::CHUNK;
-    constexpr int D = NB <= 4 ? 4 : 2;
     grid_release();
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (row >= a.m.rows) return;
+    // The weights are ready before the kernel ahead has finished: start the row, then wait for x.
     const int nchunks = a.m.cols / CH;
-    // The weights are ready before the kernel ahead has finished: load the first D chunks and
-    // ask L2 for the rest of the row, then wait for x.
-    typename Enc::Raw raw[D];
-#pragma unroll
-    for (int i = 0; i < D; ++i)
-        if (lane + 32 * i < nchunks) raw[i] = Enc::load(a.m, 0, row, lane + 32 * i);
-    for (int c = lane + 32 * D; c < nchunks; c += 32) Enc::prefetch(a.m, 0, row, c);
+    typename Enc::Raw raw[NB <= 4 ? 4 : 2];
+    row_start<Enc>(raw, a.m, row, nchunks, lane);
     grid_wait();
     float acc[NB];
 #pragma unroll
     for (int b = 0; b < NB; ++b) acc[b] = 0.f;
-    for (int base = lane; base < nchunks; base += 32 * D) {
+    row_each<Enc>(raw, a.m, row, nchunks, lane, [&](int c, const float (&w)[CH], const float (&sc)[Enc::GROUPS]) {
 #pragma unroll
-        for (int i = 0; i < D; ++i) {
-            const int c = base + 32 * i;
-            if (c >= nchunks) break;
-            const typename Enc::Raw cur = raw[i];
-            if (c + 32 * D < nchunks) raw[i] = Enc::load(a.m, 0, row, c + 32 * D);
-            float w[CH], sc[Enc::GROUPS];
-            Enc::dequant(cur, w, sc);
-#pragma unroll
-            for (int b = 0; b < NB; ++b)
-                if (b < a.batch) acc[b] += chunk_dot<Enc>(w, sc, a.x + (size_t)b * a.ldx + (size_t)c * CH);
-        }
-    }
+        for (int b = 0; b < NB; ++b)
+            if (b < a.batch) acc[b] += chunk_dot<Enc>(w, sc, a.x + (size_t)b * a.ldx + (size_t)c * CH);
+    });
     warp_sum(acc);
     const float mul = row_multiplier<Enc>(a.m, 0, row);
 #pragma unroll

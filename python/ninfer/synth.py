@@ -65,8 +65,9 @@ PRESETS = {
 
 
 # Bulk codes (4-bit pairs, q6 and q8 values) are slices of one random pool at random offsets:
-# drawing 20 GB one byte at a time runs at ~0.2 GB/s, copying runs at disk speed. Speed does
-# not depend on the values, and every tensor still starts at its own random place in the pool.
+# drawn one byte at a time they ran at ~0.2 GB/s (the 21 GB preset in ~100 s on a 16-core GPU
+# host; 68 s from the pool). Speed does not depend on the values, and every tensor still starts
+# at its own random place in the pool.
 POOL_BYTES = 1 << 27
 
 

@@ -45,24 +45,10 @@ impl KernelSet {
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
         let c = Check::new(Kernel::MoeGateUpGroupedNvfp4);
-        let slots = check_grouped(&c, self, bank, shared, tokens, topk, bank.cols)?;
+        check_grouped(&c, bank, tokens, bank.cols)?;
         c.ensure(bank.rows.is_multiple_of(32), || format!("gate_up rows {} are not 2·I with I % 16 == 0", bank.rows))?;
-        let inter = bank.rows / 2;
-        c.ensure(ldx >= bank.cols && ldx.is_multiple_of(8), || format!("ldx {ldx} (cols {})", bank.cols))?;
-        let (xl, il, ol) = (x.len(), ids.len(), out.len());
-        let (bm, sm, _gw) = bank_mats(&c, stream, bank, shared)?;
-        let (xp, _gx) = dptr(x, stream);
-        let (ip, _gi) = dptr(ids, stream);
-        let (op, _go) = dptr_mut(out, stream);
-        c.len("x", xl, if tokens == 0 { 0 } else { (tokens - 1) * ldx + bank.cols })?;
-        c.len("ids", il, tokens * topk)?;
-        c.len("out", ol, slots * inter)?;
-        c.aligned("x", xp, 16)?;
-        if tokens == 0 {
-            return Ok(());
-        }
-        let args = BankArgs::new(bm, sm, xp, ip, 0, op, tokens, topk, shared.is_some(), ldx, inter);
-        self.launch_grouped(stream, c.kernel, bank, shared.is_some(), inter, &args)
+        let grid = |_, inter: usize| Ok(expert_grid(bank, shared, inter));
+        self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, ids), out, grid)
     }
 
     /// Each slot's weighted down projection, per expert over every slot that chose it:
@@ -82,10 +68,11 @@ impl KernelSet {
         part: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         let c = Check::new(Kernel::MoeDownGroupedNvfp4);
-        let slots = check_grouped(&c, self, bank, shared, tokens, topk, bank.cols)?;
+        check_grouped(&c, bank, tokens, bank.cols)?;
+        let slots = self.check_shared(&c, bank, shared, tokens, topk)?;
         c.ensure(bank.rows.is_multiple_of(16), || format!("down rows {} not a multiple of 16", bank.rows))?;
         let (xl, il, wl, pl) = (inp.len(), ids.len(), route_w.len(), part.len());
-        let (bm, sm, _gw) = bank_mats(&c, stream, bank, shared)?;
+        let (bm, sm, _gb) = bank_mats(&c, stream, bank, shared)?;
         let (xp, _gx) = dptr(inp, stream);
         let (ip, _gi) = dptr(ids, stream);
         let (wp, _gw) = dptr(route_w, stream);
@@ -98,8 +85,10 @@ impl KernelSet {
         if tokens == 0 {
             return Ok(());
         }
-        let args = BankArgs::new(bm, sm, xp, ip, wp, pp, tokens, topk, shared.is_some(), bank.cols, bank.rows);
-        self.launch_grouped(stream, c.kernel, bank, shared.is_some(), bank.rows, &args)
+        let args = BankArgs::new(&c, (bm, sm), [xp, ip, wp, pp], (tokens, topk, shared.is_some()), bank.cols, bank.rows)?;
+        let (gx, gy) = expert_grid(bank, shared, bank.rows);
+        let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        self.launch_struct(stream, c.kernel, cfg, &args)
     }
 
     /// `y[t] = bf16(y[t] + bf16(Σ_j part[t·topk + j] + part[tokens·topk + t]))` over `dim`
@@ -145,21 +134,16 @@ impl KernelSet {
         let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         self.launch_struct(stream, c.kernel, cfg, &args)
     }
-
-    fn launch_grouped(&self, stream: &CudaStream, kernel: Kernel, bank: &MatrixView, has_shared: bool, tile_rows: usize, args: &BankArgs) -> Result<()> {
-        let cfg = LaunchConfig {
-            grid_dim: ((bank.experts + has_shared as usize) as u32, (tile_rows / 16) as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.launch_struct(stream, kernel, cfg, args)
-    }
 }
 
-/// The checks both grouped kernels share; returns the number of slots.
-fn check_grouped(c: &Check, ks: &KernelSet, bank: &MatrixView, shared: Option<&MatrixView>, tokens: usize, topk: usize, k: usize) -> Result<usize> {
+/// The grouped kernels' grid: one block per expert (and the shared one) and 16-row tile.
+fn expert_grid(bank: &MatrixView, shared: Option<&MatrixView>, tile_rows: usize) -> (u32, u32) {
+    ((bank.experts + shared.is_some() as usize) as u32, (tile_rows / 16) as u32)
+}
+
+/// The checks both grouped kernels add to the bank kernels' own.
+fn check_grouped(c: &Check, bank: &MatrixView, tokens: usize, k: usize) -> Result<()> {
     c.ensure(matches!(bank.weights, crate::Weights::Nvfp4 { .. }), || "the grouped expert kernels take NVFP4 banks".to_string())?;
     c.ensure(tokens <= GROUPED_MAX_TOKENS, || format!("{tokens} tokens, at most {GROUPED_MAX_TOKENS} per grouped launch"))?;
-    c.ensure(k.is_multiple_of(32) && k <= GROUPED_MAX_K, || format!("K = {k} must be a multiple of 32 and at most {GROUPED_MAX_K}"))?;
-    ks.check_shared(c, bank, shared, tokens, topk)
+    c.ensure(k.is_multiple_of(32) && k <= GROUPED_MAX_K, || format!("K = {k} must be a multiple of 32 and at most {GROUPED_MAX_K}"))
 }

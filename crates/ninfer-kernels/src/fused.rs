@@ -2,7 +2,7 @@
 //! (`gemv_norm`), a product added into the residual stream (`gemv_add`), and the router
 //! product of one normed row with the routing done by its last block (`moe_router`).
 
-use cudarc::driver::{CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDrop};
+use cudarc::driver::{CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig};
 use half::bf16;
 
 use crate::gemv::{Encoding, GemvArgs, GemvOut, MatrixView, ROWS_PER_BLOCK};
@@ -55,10 +55,7 @@ impl KernelSet {
         let c = Check::new(kernel);
         let (yl, (yp, _gy)) = (y.len(), dptr_mut(y, stream));
         c.len("y", yl, w.rows)?;
-        norm_args(&c, stream, w, x, norm_w, eps, (yp, O::IS_F32), a_out, |args, _guards| {
-            let cfg = LaunchConfig { grid_dim: (blocks(w.rows, ROWS_PER_BLOCK), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            self.launch_struct(stream, c.kernel, cfg, &args)
-        })
+        self.launch_normed(&c, stream, w, (x, norm_w, eps), (yp, O::IS_F32), a_out, |args| args)
     }
 
     /// The router logits of one token from its un-normed residual row, as [`KernelSet::gemv_norm`]
@@ -95,11 +92,8 @@ impl KernelSet {
         let (ip, _gi) = dptr_mut(ids, stream);
         let (wp, _gw) = dptr_mut(route_w, stream);
         let (cp, _gc) = dptr_mut(counter, stream);
-        norm_args(&c, stream, w, x, norm_w, eps, (lp, false), a_out, |n, _guards| {
-            let args = RouterArgs { n, ids: ip, w: wp, counter: cp, experts: experts as i32, topk: topk as i32, has_shared: has_shared as i32, pad: 0 };
-            let cfg = LaunchConfig { grid_dim: (blocks(w.rows, ROWS_PER_BLOCK), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            self.launch_struct(stream, c.kernel, cfg, &args)
-        })
+        let (experts, topk, has_shared) = (experts as i32, topk as i32, has_shared as i32);
+        self.launch_normed(&c, stream, w, (x, norm_w, eps), (lp, false), a_out, |n| RouterArgs { n, ids: ip, w: wp, counter: cp, experts, topk, has_shared, pad: 0 })
     }
 
     /// `y = bf16(y + bf16(x·Wᵀ))` for `batch` rows: a projection added into the residual stream
@@ -118,39 +112,40 @@ impl KernelSet {
     }
 }
 
-/// Checks and builds the arguments of a normed one-row product writing `y` (its device address,
-/// and whether it is f32), then hands them to `launch` while the buffers' guards are held.
-fn norm_args<'s>(
-    c: &Check,
-    stream: &'s CudaStream,
-    w: &'s MatrixView,
-    x: &'s impl DevicePtr<bf16>,
-    norm_w: &'s impl DevicePtr<bf16>,
-    eps: f32,
-    (yp, y_f32): (u64, bool),
-    a_out: Option<&'s mut CudaViewMut<'_, bf16>>,
-    launch: impl FnOnce(GemvNormArgs, &[SyncOnDrop<'s>]) -> Result<()>,
-) -> Result<()> {
-    c.ensure(w.experts == 1, || format!("gemv takes one matrix, got a bank of {}", w.experts))?;
-    let (xl, nl) = (x.len(), norm_w.len());
-    let (m, mut guards) = w.mat_args(c, stream)?;
-    let (xp, gx) = dptr(x, stream);
-    let (np, gn) = dptr(norm_w, stream);
-    guards.extend([gx, gn]);
-    c.len("x", xl, w.cols)?;
-    c.len("norm_w", nl, w.cols)?;
-    c.aligned("x", xp, 16)?;
-    c.aligned("norm_w", np, 16)?;
-    let ap = match a_out {
-        Some(a) => {
-            c.len("a_out", a.len(), w.cols)?;
-            let (p, g) = dptr_mut(a, stream);
-            c.aligned("a_out", p, 16)?;
-            guards.push(g);
-            p
-        }
-        None => 0,
-    };
-    let g = GemvArgs { m, x: xp, y: yp, batch: 1, ldx: c.i32("cols", w.cols)?, ldy: c.i32("rows", w.rows)?, out_f32: y_f32 as i32, accumulate: 0, pad: 0 };
-    launch(GemvNormArgs { g, norm_w: np, a_out: ap, eps, pad: 0 }, &guards)
+impl KernelSet {
+    /// Checks and launches a normed one-row product writing `y` (its device address, and whether
+    /// it is f32), one warp per row as the b1 product; `args` wraps the product's arguments
+    /// into the kernel's.
+    fn launch_normed<'s, A: DeviceRepr>(
+        &self,
+        c: &Check,
+        stream: &'s CudaStream,
+        w: &'s MatrixView,
+        (x, norm_w, eps): (&'s impl DevicePtr<bf16>, &'s impl DevicePtr<bf16>, f32),
+        (yp, y_f32): (u64, bool),
+        a_out: Option<&'s mut CudaViewMut<'_, bf16>>,
+        args: impl FnOnce(GemvNormArgs) -> A,
+    ) -> Result<()> {
+        c.ensure(w.experts == 1, || format!("gemv takes one matrix, got a bank of {}", w.experts))?;
+        let (xl, nl) = (x.len(), norm_w.len());
+        let (m, _gm) = w.mat_args(c, stream)?;
+        let (xp, _gx) = dptr(x, stream);
+        let (np, _gn) = dptr(norm_w, stream);
+        c.len("x", xl, w.cols)?;
+        c.len("norm_w", nl, w.cols)?;
+        c.aligned("x", xp, 16)?;
+        c.aligned("norm_w", np, 16)?;
+        let (ap, _ga) = match a_out {
+            Some(a) => {
+                c.len("a_out", a.len(), w.cols)?;
+                let (p, g) = dptr_mut(a, stream);
+                c.aligned("a_out", p, 16)?;
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
+        let g = GemvArgs { m, x: xp, y: yp, batch: 1, ldx: c.i32("cols", w.cols)?, ldy: c.i32("rows", w.rows)?, out_f32: y_f32 as i32, accumulate: 0, pad: 0 };
+        let cfg = LaunchConfig { grid_dim: (blocks(w.rows, ROWS_PER_BLOCK), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        self.launch_struct(stream, c.kernel, cfg, &args(GemvNormArgs { g, norm_w: np, a_out: ap, eps, pad: 0 }))
+    }
 }

@@ -245,12 +245,28 @@ pub(crate) struct BankArgs {
 device_args!(BankArgs, 160);
 
 impl BankArgs {
-    /// The arguments of the grouped kernels (experts.rs): no output type or accumulation flags.
-    pub(crate) fn new(bank: MatArgs, shared: MatArgs, x: u64, ids: u64, route_w: u64, y: u64, tokens: usize, topk: usize, has_shared: bool, ldx: usize, ldy: usize) -> Self {
-        let i = |v: usize| v as i32;
-        BankArgs { bank, shared, x, ids, route_w, y, tokens: i(tokens), topk: i(topk), has_shared: has_shared as i32, ldx: i(ldx), ldy: i(ldy), out_f32: 0, accumulate: 0, pad: 0 }
+    /// The arguments of an expert-bank kernel, storing bf16 (no f32 flag, no accumulate);
+    /// sizes past i32 fail the check `c`.
+    pub(crate) fn new(c: &Check, (bank, shared): (MatArgs, MatArgs), [x, ids, route_w, y]: [u64; 4], (tokens, topk, has_shared): (usize, usize, bool), ldx: usize, ldy: usize) -> Result<Self> {
+        Ok(BankArgs {
+            bank,
+            shared,
+            x,
+            ids,
+            route_w,
+            y,
+            tokens: c.i32("tokens", tokens)?,
+            topk: c.i32("topk", topk)?,
+            has_shared: has_shared as i32,
+            ldx: c.i32("ldx", ldx)?,
+            ldy: c.i32("ldy", ldy)?,
+            out_f32: 0,
+            accumulate: 0,
+            pad: 0,
+        })
     }
 }
+
 
 /// The most batch rows one gemv launch takes.
 pub const GEMV_MAX_BATCH: usize = 16;
@@ -403,16 +419,34 @@ impl KernelSet {
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
         let c = Check::new(bank_kernels(bank.encoding()).0);
+        // Slots on x: a prompt pass has tokens × (topk + 1) of them, past y's 65,535.
+        let grid = |slots, inter| Ok((c.i32("slots", slots)? as u32, blocks(inter, ROWS_PER_BLOCK)));
+        self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, ids), out, grid)
+    }
+
+    /// The checks and launch of a gate_up kernel (this one or the grouped one of experts.rs),
+    /// whose grid `grid(slots, I)` gives.
+    pub(crate) fn gate_up_with(
+        &self,
+        c: &Check,
+        stream: &CudaStream,
+        bank: &MatrixView,
+        shared: Option<&MatrixView>,
+        (x, ldx): (&impl DevicePtr<bf16>, usize),
+        (tokens, topk, ids): (usize, usize, &impl DevicePtr<i32>),
+        out: &mut impl DevicePtrMut<bf16>,
+        grid: impl FnOnce(usize, usize) -> Result<(u32, u32)>,
+    ) -> Result<()> {
         c.ensure(bank.rows.is_multiple_of(2), || {
             format!("gate_up rows {} are not even", bank.rows)
         })?;
         let inter = bank.rows / 2;
-        let slots = self.check_shared(&c, bank, shared, tokens, topk)?;
+        let slots = self.check_shared(c, bank, shared, tokens, topk)?;
         c.ensure(ldx >= bank.cols && ldx.is_multiple_of(8), || {
             format!("ldx {ldx} (cols {})", bank.cols)
         })?;
         let (xl, il, ol) = (x.len(), ids.len(), out.len());
-        let (bm, sm, _gw) = bank_mats(&c, stream, bank, shared)?;
+        let (bm, sm, _gw) = bank_mats(c, stream, bank, shared)?;
         let (xp, _gx) = dptr(x, stream);
         let (ip, _gi) = dptr(ids, stream);
         let (op, _go) = dptr_mut(out, stream);
@@ -423,32 +457,9 @@ impl KernelSet {
         if slots == 0 {
             return Ok(());
         }
-        let args = BankArgs {
-            bank: bm,
-            shared: sm,
-            x: xp,
-            ids: ip,
-            route_w: 0,
-            y: op,
-            tokens: c.i32("tokens", tokens)?,
-            topk: c.i32("topk", topk)?,
-            has_shared: shared.is_some() as i32,
-            ldx: c.i32("ldx", ldx)?,
-            ldy: c.i32("inter", inter)?,
-            out_f32: 0,
-            accumulate: 0,
-            pad: 0,
-        };
-        let cfg = LaunchConfig {
-            // Slots on x: a prompt pass has tokens × (topk + 1) of them, past y's 65,535.
-            grid_dim: (
-                c.i32("slots", slots)? as u32,
-                blocks(inter, ROWS_PER_BLOCK),
-                1,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let args = BankArgs::new(c, (bm, sm), [xp, ip, 0, op], (tokens, topk, shared.is_some()), ldx, inter)?;
+        let (gx, gy) = grid(slots, inter)?;
+        let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         self.launch_struct(stream, c.kernel, cfg, &args)
     }
 
@@ -494,20 +505,9 @@ impl KernelSet {
             return Ok(());
         }
         let args = BankArgs {
-            bank: bm,
-            shared: sm,
-            x: xp,
-            ids: ip,
-            route_w: wp,
-            y: yp,
-            tokens: c.i32("tokens", tokens)?,
-            topk: c.i32("topk", topk)?,
-            has_shared: shared.is_some() as i32,
-            ldx: c.i32("cols", bank.cols)?,
-            ldy: c.i32("ldy", ldy)?,
             out_f32: O::IS_F32 as i32,
             accumulate: accumulate as i32,
-            pad: 0,
+            ..BankArgs::new(&c, (bm, sm), [xp, ip, wp, yp], (tokens, topk, shared.is_some()), bank.cols, ldy)?
         };
         let cfg = LaunchConfig {
             grid_dim: (

@@ -157,6 +157,16 @@ mod cuda {
 
 impl Engine {
     pub fn open(path: impl AsRef<Path>, options: EngineOptions) -> Result<Engine, EngineError> {
+        Self::open_with(path, options, |b| b)
+    }
+
+    /// As `open`, with the opened backend passed through `wrap` first (tests put a backend of
+    /// their own around it).
+    pub(crate) fn open_with(
+        path: impl AsRef<Path>,
+        options: EngineOptions,
+        wrap: impl FnOnce(Box<dyn Backend>) -> Box<dyn Backend>,
+    ) -> Result<Engine, EngineError> {
         if options.max_concurrency == 0 || options.max_context < 2 || options.prefill_chunk == 0 || options.kv_capacity == Some(0) {
             return Err(EngineError::Invalid("max_concurrency, max_context, prefill_chunk and kv_capacity must be positive".into()));
         }
@@ -180,9 +190,7 @@ impl Engine {
         }
         let mut options = options;
         options.max_context = options.max_context.min(config.max_position_embeddings);
-        let backend = open_backend(&art, &options)?;
-        #[cfg(test)]
-        let backend = test_backend::wrap(backend);
+        let backend = wrap(open_backend(&art, &options)?);
         let backend_name = backend.name();
         let kv_pool = backend.kv_pool();
         let shared = Arc::new(Shared::default());
@@ -392,38 +400,3 @@ mod device_tests {
     }
 }
 
-/// Tests may put a backend of their own around the one an engine opens (runtime/tests.rs): a
-/// thread-local hook, set for the engines a test opens on its own thread.
-#[cfg(test)]
-pub(crate) mod test_backend {
-    use std::cell::RefCell;
-
-    use crate::backend::Backend;
-
-    type Wrap = Box<dyn Fn(Box<dyn Backend>) -> Box<dyn Backend>>;
-
-    thread_local! {
-        static WRAP: RefCell<Option<Wrap>> = const { RefCell::new(None) };
-    }
-
-    /// Wraps the backends of the engines opened on this thread until the guard drops.
-    pub fn set(wrap: impl Fn(Box<dyn Backend>) -> Box<dyn Backend> + 'static) -> Guard {
-        WRAP.with(|w| *w.borrow_mut() = Some(Box::new(wrap)));
-        Guard
-    }
-
-    pub struct Guard;
-
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            WRAP.with(|w| *w.borrow_mut() = None);
-        }
-    }
-
-    pub(super) fn wrap(b: Box<dyn Backend>) -> Box<dyn Backend> {
-        WRAP.with(|w| match w.borrow().as_ref() {
-            Some(f) => f(b),
-            None => b,
-        })
-    }
-}

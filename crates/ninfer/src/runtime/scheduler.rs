@@ -242,7 +242,6 @@ fn step(backend: &mut dyn Backend, running: &mut Vec<Sequence>, limits: &Limits)
             StepInput { slot: s.slot, tokens: t, all_logits: false, pick }
         })
         .collect();
-    let picks_asked: Vec<Pick> = inputs.iter().map(|r| r.pick).collect();
     let result = backend.step(&inputs);
     let mut finished: Vec<(usize, Option<(FinishReason, Option<String>)>)> = Vec::new();
     let mut produced = 0;
@@ -255,7 +254,7 @@ fn step(backend: &mut dyn Backend, running: &mut Vec<Sequence>, limits: &Limits)
             }
         }
         Ok(logits) => {
-            for (((i, toks), mut out), pick) in rows.iter().zip(logits).zip(picks_asked) {
+            for (((i, toks), mut out), input) in rows.iter().zip(logits).zip(&inputs) {
                 let s = &mut running[*i];
                 s.fed = (s.fed + toks.len()).min(s.req.prompt.len());
                 if s.fed < s.req.prompt.len() {
@@ -266,7 +265,7 @@ fn step(backend: &mut dyn Backend, running: &mut Vec<Sequence>, limits: &Limits)
                     None => {
                         let vocab = out.values.len() / out.rows.max(1);
                         let last = &mut out.values[(out.rows - 1) * vocab..];
-                        match pick {
+                        match input.pick {
                             // Its uniform was drawn already: the same draw, on the host.
                             Pick::Sample(spec) => s.sampler.sample_drawn(last, spec.u),
                             _ => s.sampler.sample(last),

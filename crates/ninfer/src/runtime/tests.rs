@@ -168,7 +168,11 @@ fn a_request_larger_than_the_kv_pool_is_refused_at_submit() {
 fn cancelling_releases_the_kv_reservation() {
     // One request of 5 + 50 positions (4 pages) fills the pool, so the second can only start
     // once the first's reservation is released.
-    let e = engine("rt-kv-cancel", EngineOptions { max_concurrency: 2, kv_capacity: Some(64), ..Default::default() });
+    // Steps of 2 ms keep the first request running while its stats are read (a tiny model
+    // otherwise finishes all 50 tokens before the test thread looks).
+    let path = write_tiny("rt-kv-cancel", &TinyOpts::default());
+    let opts = EngineOptions { device: Device::Cpu, max_concurrency: 2, kv_capacity: Some(64), ..Default::default() };
+    let e = Engine::open_with(path, opts, |b| Box::new(Wrapped { inner: b, picks: false, pause: std::time::Duration::from_millis(2) })).unwrap();
     let params = SamplingParams { ignore_eos: true, ..greedy(50) };
     let mut a = e.stream(tokens(7, 5), params.clone()).unwrap();
     // Tokens are sent during a step and the stats published after it: the second token proves
@@ -185,36 +189,42 @@ fn cancelling_releases_the_kv_reservation() {
     assert_eq!((st.running, st.waiting, st.slots_used, st.kv_pages_reserved, st.kv_pages_used), (0, 0, 0, 0, 0));
 }
 
-/// A backend that picks tokens as the CUDA backend does: argmax and draws where no row of the
-/// step needs logits (here on the host, by the sampler's own draw with the pick's uniform),
-/// logits for every row of a step in which one row needs them.
-struct Picking(Box<dyn Backend>);
+/// A backend around another for the engine tests: each step waits `pause` first, and with
+/// `picks` it picks tokens as the CUDA backend does (argmax and draws where no row of the step
+/// needs logits, here on the host by the sampler's own draw with the pick's uniform; logits for
+/// every row of a step in which one row needs them).
+struct Wrapped {
+    inner: Box<dyn Backend>,
+    picks: bool,
+    pause: std::time::Duration,
+}
 
-impl Backend for Picking {
+impl Backend for Wrapped {
     fn config(&self) -> &crate::model::ModelConfig {
-        self.0.config()
+        self.inner.config()
     }
     fn name(&self) -> String {
-        format!("picking {}", self.0.name())
+        format!("wrapped {}", self.inner.name())
     }
     fn alloc_slot(&mut self) -> Result<crate::backend::SlotId, crate::backend::BackendError> {
-        self.0.alloc_slot()
+        self.inner.alloc_slot()
     }
     fn free_slot(&mut self, slot: crate::backend::SlotId) {
-        self.0.free_slot(slot)
+        self.inner.free_slot(slot)
     }
     fn slot_len(&self, slot: crate::backend::SlotId) -> Result<usize, crate::backend::BackendError> {
-        self.0.slot_len(slot)
+        self.inner.slot_len(slot)
     }
     fn kv_pool(&self) -> crate::backend::KvPool {
-        self.0.kv_pool()
+        self.inner.kv_pool()
     }
     fn picks_tokens(&self) -> bool {
-        true
+        self.picks
     }
     fn step(&mut self, rows: &[StepInput<'_>]) -> Result<Vec<crate::backend::RowLogits>, crate::backend::BackendError> {
-        let mut out = self.0.step(rows)?;
-        if rows.iter().any(|r| r.pick == Pick::Logits) {
+        std::thread::sleep(self.pause);
+        let mut out = self.inner.step(rows)?;
+        if !self.picks || rows.iter().any(|r| r.pick == Pick::Logits) {
             return Ok(out);
         }
         for (r, o) in rows.iter().zip(&mut out) {
@@ -234,8 +244,9 @@ impl Backend for Picking {
 
 #[test]
 fn a_seeded_draw_does_not_depend_on_what_shares_its_step() {
-    let _hook = engine::test_backend::set(|b| Box::new(Picking(b)));
-    let e = engine("rt-mixed", EngineOptions { max_concurrency: 2, ..Default::default() });
+    let path = write_tiny("rt-mixed", &TinyOpts::default());
+    let opts = EngineOptions { device: Device::Cpu, max_concurrency: 2, ..Default::default() };
+    let e = Engine::open_with(path, opts, |b| Box::new(Wrapped { inner: b, picks: true, pause: std::time::Duration::ZERO })).unwrap();
     let p = SamplingParams { temperature: 1.0, top_p: 0.95, seed: Some(11), max_tokens: 12, ..Default::default() };
     let alone = e.generate(tokens(3, 6), p.clone()).unwrap();
     // Beside a request with logprobs, every step returns logits, and the seeded request's
