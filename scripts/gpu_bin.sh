@@ -2,11 +2,13 @@
 # Builds what a GPU machine without Rust needs, into one folder for scripts/gpu_all.sh: the
 # ninfer wheel with the CUDA backend (OUT_DIR/*.whl) and the stripped test executables of the
 # kernels and of the CUDA backend (OUT_DIR/tests/). nvcc is found as build.rs finds it
-# (scripts/install_nvcc.sh installs it). Release builds only: the folder stays near 35 MB.
+# (scripts/install_nvcc.sh installs it). Release builds only: the folder stays near 37 MB, and
+# OUT_DIR.tar.xz, the same packed (~15 MB), is what to copy when the copy's size is limited
+# (`tar -xJf OUT_DIR.tar.xz` there gives OUT_DIR back).
 #
 # Usage: scripts/gpu_bin.sh OUT_DIR
 set -euo pipefail
-[ $# -eq 1 ] || { sed -n '2,8p' "$0"; exit 2; }
+[ $# -eq 1 ] || { sed -n '2,10p' "$0"; exit 2; }
 out=$1
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -25,4 +27,5 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and exe and m["profile"]["test"] and "/example-" not in exe:
         print(exe)' | while read -r exe; do cp "$exe" "$out/tests/"; done
 strip "$out"/tests/*
-du -sh "$out"
+tar -cJf "$out.tar.xz" "$out"
+du -sh "$out" "$out.tar.xz"

@@ -230,7 +230,7 @@ fn quantize_nvfp4(x: &[f32], shape: &[usize], rows: usize, k: usize, segments: u
             for (j, v) in block.iter().enumerate() {
                 let c = f32_to_e2m1(v / denom);
                 let idx = bi * 16 + j;
-                codes[idx / 2] |= if idx % 2 == 0 { c } else { c << 4 };
+                codes[idx / 2] |= if idx.is_multiple_of(2) { c } else { c << 4 };
             }
         }
     }

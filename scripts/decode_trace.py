@@ -1,0 +1,117 @@
+"""What each kernel of a batch-1 decode step really costs, traced by CUPTI.
+
+`ninfer bench --profile` puts a timing event between every two launches, which keeps a kernel
+from starting before the one ahead has finished: with dependent launch (a kernel's blocks start
+and fetch their weights while the kernel ahead still runs) that profile adds ~2.7 µs per launch
+and hides the overlap. This script replays the decode step exactly as the engine does (the
+CUDA graph, no events) under torch.profiler, whose CUPTI trace records every kernel of the
+graph with its start and end. A kernel's own duration includes the time its blocks sat waiting
+for the one ahead, so each launch is charged what it adds to the step: its end minus the latest
+end before it (never negative). The charges of a step add up to the step's time on the GPU.
+
+Needs torch with CUDA (for its profiler) and a CUDA build of ninfer.
+
+    python scripts/decode_trace.py ARTIFACT [--prompt 512] [--steps 32] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import tempfile
+
+import numpy as np
+
+# Launches of one step follow each other by a few microseconds; between two steps the host reads
+# the token back, which takes longer than this.
+STEP_GAP_US = 15.0
+
+
+def trace(artifact: str, prompt: int, steps: int) -> list[dict]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ninfer import _core
+
+    torch.cuda.init()
+    runner = _core.Runner(artifact, device="cuda", max_slots=1, max_context=prompt + steps + 16)
+    vocab = json.loads(_core.Artifact(artifact).header_json())["components"]["text"]["vocab_size"]
+    ids = np.random.default_rng(0).integers(0, min(vocab, 150000), prompt).tolist()
+    slot = runner.alloc_slot()
+    tok = runner.step_argmax(slot, ids)
+    for _ in range(4):  # capture the graph and warm the caches outside the trace
+        tok = runner.step_argmax(slot, [tok])
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            tok = runner.step_argmax(slot, [tok])
+    runner.free_slot(slot)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    return sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+
+
+def split_steps(kernels: list[dict]) -> list[list[dict]]:
+    """The traced kernels cut into steps at the host gaps; only steps of the usual length."""
+    steps, cur, end = [], [], None
+    for k in kernels:
+        if cur and k["ts"] - end > STEP_GAP_US:
+            steps.append(cur)
+            cur = []
+        cur.append(k)
+        end = k["ts"] + k["dur"] if end is None else max(end, k["ts"] + k["dur"])
+    if cur:
+        steps.append(cur)
+    usual = statistics.mode(len(s) for s in steps)
+    return [s for s in steps if len(s) == usual]
+
+
+def charge(step: list[dict]) -> list[tuple[str, float]]:
+    """(kernel name, µs it adds to the step) per launch, in launch order."""
+    out, end = [], step[0]["ts"]
+    for k in step:
+        e = k["ts"] + k["dur"]
+        out.append((k["name"], max(0.0, e - end)))
+        end = max(end, e)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("artifact")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--json", help="write the per-kernel table here as JSON")
+    a = ap.parse_args()
+    steps = split_steps(trace(a.artifact, a.prompt, a.steps))
+    if not steps:
+        raise SystemExit("no decode steps in the trace")
+    spans = [s[-1]["ts"] + s[-1]["dur"] - s[0]["ts"] for s in steps]
+    per = collections.defaultdict(lambda: [0, 0.0, 0.0])  # launches, charged µs, own µs per step
+    for s in steps:
+        for (name, c), k in zip(charge(s), s):
+            per[name][0] += 1
+            per[name][1] += c
+            per[name][2] += k["dur"]
+    n = len(steps)
+    rows = sorted(((name, v[0] / n, v[1] / n, v[2] / n) for name, v in per.items()), key=lambda r: -r[2])
+    total = sum(r[2] for r in rows)
+    print(f"{n} decode steps after a {a.prompt}-token prompt; step on the GPU: median {statistics.median(spans):.1f} µs, "
+          f"{len(steps[0])} launches")
+    print(f"{'kernel':<40} {'launches':>8} {'charged µs':>10} {'share':>6} {'own µs':>8}")
+    for name, k, c, own in rows:
+        print(f"{name:<40} {k:>8.0f} {c:>10.1f} {c / total:>6.1%} {own:>8.1f}")
+    print(f"{'total':<40} {sum(r[1] for r in rows):>8.0f} {total:>10.1f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"steps": n, "step_us": statistics.median(spans),
+                       "kernels": [{"name": r[0], "launches": r[1], "charged_us": r[2], "own_us": r[3]} for r in rows]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
