@@ -22,7 +22,7 @@
 //   out: bf16 [T, Hv, dv] dense, o rounded once.
 //   Limits: dk % 8 == 0, dk <= 128, Hv % Hk == 0.
 //   Launch: block 256 = 32 value columns x 8 key slices, grid (ceil(dv / 32), Hv, seqs).
-#include "common.cuh"
+#include "conv.cuh"
 
 struct ConvArgs {
     const bf16* x;
@@ -48,11 +48,9 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_gdn_conv(ConvArgs a) {
     bf16* st = a.state + (size_t)a.slot[s] * 3 * a.channels + c;
     float h0 = bf2f(st[0]), h1 = bf2f(st[a.channels]), h2 = bf2f(st[2 * (size_t)a.channels]);
     const uint2 wr = __ldg(reinterpret_cast<const uint2*>(a.w + (size_t)c * 4));
-    const float w0 = bf_lo(wr.x), w1 = bf_hi(wr.x), w2 = bf_lo(wr.y), w3 = bf_hi(wr.y);
     for (int t = t0; t < t1; ++t) {
         const float xt = bf2f(a.x[(size_t)t * a.ldx + c]);
-        const float acc = w0 * h0 + w1 * h1 + w2 * h2 + w3 * xt;
-        a.y[(size_t)t * a.ldy + c] = f2bf(silu(round_bf(acc)));
+        a.y[(size_t)t * a.ldy + c] = conv4_silu(wr, h0, h1, h2, xt);
         h0 = h1;
         h1 = h2;
         h2 = xt;

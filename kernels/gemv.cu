@@ -13,20 +13,6 @@
 //
 //   bf16 and q8_g32 have only the b1 kernel: their batches of 2-16 rows take the next two.
 //
-// ninfer_gemv_<enc>_norm_b1  (enc: bf16, q8_g32)
-//   One row through ninfer_rms_norm and then the b1 product, in one launch (GemvNormArgs):
-//   a = bf16(x / sqrt(mean(x^2) + eps) * (1 + norm_w)) over K = m.cols, y = a . W as above; with
-//   a_out, warp 0 of block 0 also stores a there. Every warp computes the row's norm itself in
-//   norm.cu's order and rounds each a element as it does (rms.cuh), so y and a equal the two
-//   kernels' bits. K % 8 == 0 on top of the encoding's multiple; a_out must not alias x.
-//   Launch as ninfer_gemv_<enc>_b1.
-//
-// ninfer_moe_router_bf16_b1  (RouterArgs)
-//   ninfer_gemv_bf16_norm_b1 over the router rows (and the shared gate's row after them, bf16 y
-//   of E (+ 1) logits, a_out as there), then ninfer_moe_route of that one row (moe.cu's contract)
-//   by the last block to finish, which also resets `counter` to zero for the next launch. The
-//   ids and weights are those of the two launches, bit for bit. Launch as the b1 product.
-//
 // ninfer_gemv_<enc>_mma_b<NB>  (enc: bf16, q8_g32; NB: 8, 16)
 //   The contract above for batches of 2-8 (b8) and 9-16 (b16) rows, on the tensor cores:
 //   mma.m16n8k16 with bf16 operands and f32 accumulation. bf16 weights and int8 codes are exact
@@ -58,195 +44,40 @@
 // for the rest of their rows before grid_wait(), so a projection's weights stream in while the
 // kernel ahead of it (a norm, the recurrence) finishes; the expert kernels wait first (their
 // experts are data), except the shared expert's slots of gate_up.
-#include "quant.cuh"
-#include "rms.cuh"
-#include "route.cuh"
+#include "gemv.cuh"
 
-struct GemvArgs {
-    Mat m;
-    const bf16* x;
-    void* y;
-    int batch;
-    int ldx;
-    int ldy;
-    int out_f32;
-    int accumulate;  // bf16 y only: y = bf16(y + bf16(r))
-    int pad;
-};
-static_assert(sizeof(GemvArgs) == 88, "mirrored in crates/ninfer-kernels/src/gemv.rs");
 
-__device__ __forceinline__ void store_out(void* y, size_t idx, float v, int out_f32, int accumulate) {
-    if (out_f32) {
-        float* p = static_cast<float*>(y) + idx;
-        *p = accumulate ? *p + v : v;
-    } else {
-        bf16* p = static_cast<bf16*>(y) + idx;
-        *p = accumulate ? f2bf(bf2f(*p) + round_bf(v)) : f2bf(v);
-    }
-}
-
-// w . x over one chunk, each group's partial sum times its scale; x read as bf16 from global
-// memory (L1-resident across the warps of a block).
-template <typename Enc>
-__device__ __forceinline__ float chunk_dot(const float (&w)[Enc::CHUNK], const float (&sc)[Enc::GROUPS],
-                                           const bf16* x) {
-    constexpr int PER = Enc::CHUNK / Enc::GROUPS;
-    float acc = 0.f;
-#pragma unroll
-    for (int g = 0; g < Enc::GROUPS; ++g) {
-        float part = 0.f;
-#pragma unroll
-        for (int v = 0; v < PER / 8; ++v) {
-            float xf[8];
-            unpack_bf8(ldg16(x + g * PER + v * 8), xf);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) part = fmaf(w[g * PER + v * 8 + i], xf[i], part);
-        }
-        acc = fmaf(part, sc[g], acc);
-    }
-    return acc;
-}
-
-// Chunk loads a lane keeps in flight: a whole 2,048-wide q8 or 4-bit row at batch <= 4; two at
-// larger batches, whose accumulators need the registers.
-
-// The weight row a warp streams. row_start loads each lane's first D chunks into `raw` and asks
-// L2 for the rest of the row (weights only, so callable before grid_wait()); row_each then hands
-// every chunk to `use(c, w, sc)` decoded, in lane order, keeping D loads in flight.
-template <typename Enc, int D>
-__device__ __forceinline__ void row_start(typename Enc::Raw (&raw)[D], const Mat& m, int row, int nchunks, int lane) {
-#pragma unroll
-    for (int i = 0; i < D; ++i)
-        if (lane + 32 * i < nchunks) raw[i] = Enc::load(m, 0, row, lane + 32 * i);
-    for (int c = lane + 32 * D; c < nchunks; c += 32) Enc::prefetch(m, 0, row, c);
-}
-
-template <typename Enc, int D, typename Use>
-__device__ __forceinline__ void row_each(typename Enc::Raw (&raw)[D], const Mat& m, int row, int nchunks, int lane, Use use) {
-    for (int base = lane; base < nchunks; base += 32 * D) {
-#pragma unroll
-        for (int i = 0; i < D; ++i) {
-            const int c = base + 32 * i;
-            if (c >= nchunks) break;
-            const typename Enc::Raw cur = raw[i];
-            if (c + 32 * D < nchunks) raw[i] = Enc::load(m, 0, row, c + 32 * D);
-            float w[Enc::CHUNK], sc[Enc::GROUPS];
-            Enc::dequant(cur, w, sc);
-            use(c, w, sc);
-        }
-    }
-}
-
-// chunk_dot over the normed row: each x element becomes bf16(x * inv * (1 + nw)) first, the
-// value ninfer_rms_norm stores (rms.cuh).
-template <typename Enc>
-__device__ __forceinline__ float chunk_dot_normed(const float (&w)[Enc::CHUNK], const float (&sc)[Enc::GROUPS],
-                                                  const bf16* x, const bf16* nw, float inv) {
-    constexpr int PER = Enc::CHUNK / Enc::GROUPS;
-    float acc = 0.f;
-#pragma unroll
-    for (int g = 0; g < Enc::GROUPS; ++g) {
-        float part = 0.f;
-#pragma unroll
-        for (int v = 0; v < PER / 8; ++v) {
-            float xf[8], wf[8];
-            unpack_bf8(ldg16(x + g * PER + v * 8), xf);
-            unpack_bf8(ldg16(nw + g * PER + v * 8), wf);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) part = fmaf(w[g * PER + v * 8 + i], round_bf(xf[i] * inv * (1.0f + wf[i])), part);
-        }
-        acc = fmaf(part, sc[g], acc);
-    }
-    return acc;
-}
-
-struct GemvNormArgs {
-    GemvArgs g;
-    const bf16* norm_w;
-    bf16* a_out;
-    float eps;
-    int pad;
-};
-static_assert(sizeof(GemvNormArgs) == 112, "mirrored in crates/ninfer-kernels/src/fused.rs");
-
-// No early return: the fused router kernel below synchronises the block after it.
-template <typename Enc>
-__device__ __forceinline__ void gemv_norm_body(const GemvNormArgs& na) {
-    constexpr int CH = Enc::CHUNK;
-    const GemvArgs& a = na.g;
-    grid_release();
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
-    // A warp past the last row has no chunks: it only waits like the others.
-    const int nchunks = row < a.m.rows ? a.m.cols / CH : 0;
-    typename Enc::Raw raw[4];
-    row_start<Enc>(raw, a.m, row, nchunks, lane);
-    grid_wait();
-    const float inv = row < a.m.rows ? inv_rms(a.x, a.m.cols, na.eps, lane) : 0.f;
-    if (na.a_out != nullptr && row == 0) store_zc_norm(a.x, na.norm_w, na.a_out, a.m.cols, inv, lane);
-    float acc = 0.f;
-    row_each<Enc>(raw, a.m, row, nchunks, lane, [&](int c, const float (&w)[CH], const float (&sc)[Enc::GROUPS]) {
-        acc += chunk_dot_normed<Enc>(w, sc, a.x + (size_t)c * CH, na.norm_w + (size_t)c * CH, inv);
-    });
-    acc = warp_sum1(acc);
-    if (lane == 0 && row < a.m.rows) store_out(a.y, row, acc * row_multiplier<Enc>(a.m, 0, row), a.out_f32, a.accumulate);
-}
-
-struct RouterArgs {
-    GemvNormArgs n;  // y: the bf16 logits row [E (+ 1)], the shared gate's logit last
-    int* ids;
-    float* w;
-    unsigned* counter;  // zero between launches; the last block puts it back to zero
-    int experts;
-    int topk;
-    int has_shared;
-    int pad;
-};
-static_assert(sizeof(RouterArgs) == 152, "mirrored in crates/ninfer-kernels/src/fused.rs");
-
-template <typename Enc>
-__device__ __forceinline__ void router_body(const RouterArgs& r) {
-    __shared__ bool last;
-    gemv_norm_body<Enc>(r.n);
-    // The block whose logits complete the row routes it: every block publishes its rows, then
-    // counts itself in; the last to arrive sees all of them (through L2, route_row).
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(r.counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x < 32)
-        route_row(static_cast<const bf16*>(r.n.g.y), 0, 1, r.experts, r.topk, r.has_shared, r.ids, r.w, threadIdx.x);
-    if (threadIdx.x == 0) *r.counter = 0u;
-}
 
 template <typename Enc, int NB>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
     constexpr int CH = Enc::CHUNK;
     grid_release();
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (row >= a.m.rows) return;
-    // The weights are ready before the kernel ahead has finished: start the row, then wait for x.
-    const int nchunks = a.m.cols / CH;
-    typename Enc::Raw raw[NB <= 4 ? 4 : 2];
-    row_start<Enc>(raw, a.m, row, nchunks, lane);
+    const int row0 = blockIdx.x * 8 + (threadIdx.x >> 5);
+    // The weights are ready before the kernel ahead has finished: start the rows, then wait for x.
+    RowStream<Enc, NB <= 4 ? 4 : 2> rs;
+    rs.start(a.m, row0, gridDim.x * 8, lane);
     grid_wait();
     float acc[NB];
 #pragma unroll
     for (int b = 0; b < NB; ++b) acc[b] = 0.f;
-    row_each<Enc>(raw, a.m, row, nchunks, lane, [&](int c, const float (&w)[CH], const float (&sc)[Enc::GROUPS]) {
+    rs.each(
+        a.m, row0,
+        [&](int c, const float (&w)[CH], const float (&sc)[Enc::GROUPS]) {
 #pragma unroll
-        for (int b = 0; b < NB; ++b)
-            if (b < a.batch) acc[b] += chunk_dot<Enc>(w, sc, a.x + (size_t)b * a.ldx + (size_t)c * CH);
-    });
-    warp_sum(acc);
-    const float mul = row_multiplier<Enc>(a.m, 0, row);
+            for (int b = 0; b < NB; ++b)
+                if (b < a.batch) acc[b] += chunk_dot<Enc>(w, sc, a.x + (size_t)b * a.ldx + (size_t)c * CH);
+        },
+        [&](int row) {
+            warp_sum(acc);
+            const float mul = row_multiplier<Enc>(a.m, 0, row);
 #pragma unroll
-    for (int b = 0; b < NB; ++b)
-        if (b < a.batch && lane == b % 32)
-            store_out(a.y, (size_t)b * a.ldy + row, acc[b] * mul, a.out_f32, a.accumulate);
+            for (int b = 0; b < NB; ++b) {
+                if (b < a.batch && lane == b % 32)
+                    store_out(a.y, (size_t)b * a.ldy + row, acc[b] * mul, a.out_f32, a.accumulate);
+                acc[b] = 0.f;
+            }
+        });
 }
 
 // Four int8 codes (a u32) to two bf16x2 pairs, exactly: bytes 0-1 into `lo`, 2-3 into `hi`.
@@ -521,13 +352,6 @@ __device__ __forceinline__ void down_body(const BankArgs& a) {
     }
 
 NINFER_GEMV(bf16, EncBf16, 1)
-#define NINFER_GEMV_NORM(name, Enc)                                                                 \
-    extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_norm_b1(GemvNormArgs a) { \
-        gemv_norm_body<Enc>(a);                                                                     \
-    }
-NINFER_GEMV_NORM(bf16, EncBf16)
-NINFER_GEMV_NORM(q8_g32, EncQ8)
-extern "C" __global__ void __launch_bounds__(256) ninfer_moe_router_bf16_b1(RouterArgs a) { router_body<EncBf16>(a); }
 #define NINFER_GEMV_MMA(name, M)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_mma_b8(GemvArgs a) {  \
         gemv_mma_body<M, 1>(a);                                                                     \

@@ -1,12 +1,15 @@
-//! Launchers of the fused projections of kernels/gemv.cu: a row normed inside its product
-//! (`gemv_norm`), a product added into the residual stream (`gemv_add`), and the router
-//! product of one normed row with the routing done by its last block (`moe_router`).
+//! Launchers of the fused projections (kernels/fused.cu, and `gemv_add` of kernels/gemv.cu):
+//! a row normed inside its product (`gemv_norm`), the same with the GDN conv in its epilogue
+//! (`gemv_norm_conv`), a row gated-normed inside its product (`gemv_gnorm`), a product added
+//! into the residual stream (`gemv_add`), and the router product of one normed row with the
+//! routing done by its last block (`moe_router`).
 
-use cudarc::driver::{CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig};
 use half::bf16;
 
-use crate::gemv::{Encoding, GemvArgs, GemvOut, MatrixView, ROWS_PER_BLOCK};
-use crate::launch::{blocks, device_args, dptr, dptr_mut, Check, Result};
+use crate::gdn::GDN_CONV_WIDTH;
+use crate::gemv::{Encoding, GemvArgs, GemvOut, MatrixView};
+use crate::launch::{device_args, dptr, dptr_mut, Check, Result};
 use crate::loader::KernelSet;
 use crate::table::Kernel;
 
@@ -32,6 +35,42 @@ struct RouterArgs {
     pad: i32,
 }
 device_args!(RouterArgs, 152);
+
+#[repr(C)]
+struct NormConvArgs {
+    n: GemvNormArgs,
+    conv_w: u64,
+    state: u64,
+    conv_y: u64,
+    slot: u64,
+    lo: i32,
+    channels: i32,
+}
+device_args!(NormConvArgs, 152);
+
+#[repr(C)]
+struct GatedArgs {
+    g: GemvArgs,
+    z: u64,
+    norm_w: u64,
+    dim: i32,
+    eps: f32,
+}
+device_args!(GatedArgs, 112);
+
+/// The GDN conv a normed product runs on its rows `lo..lo + w.len() / 4` ([`KernelSet::gemv_norm_conv`]).
+pub struct ConvTail<'a, 'b> {
+    /// `[C, 4]` conv weights.
+    pub w: CudaView<'a, bf16>,
+    /// `[num_slots, 3, C]` conv states.
+    pub state: &'b mut CudaSlice<bf16>,
+    /// The one sequence's state slot (one i32 on the device).
+    pub slot: CudaView<'a, i32>,
+    /// `[C]` conv outputs.
+    pub y: &'b mut CudaViewMut<'a, bf16>,
+    /// The first conv row of the product.
+    pub lo: usize,
+}
 
 impl KernelSet {
     /// One row normed and multiplied in one launch: `a = bf16(x / rms(x) · (1 + norm_w))` (the
@@ -96,6 +135,82 @@ impl KernelSet {
         self.launch_normed(&c, stream, w, (x, norm_w, eps), (lp, false), a_out, |n| RouterArgs { n, ids: ip, w: wp, counter: cp, experts, topk, has_shared, pad: 0 })
     }
 
+    /// [`KernelSet::gemv_norm`] into bf16 `y`, then [`KernelSet::gdn_conv`] of that one token
+    /// on the rows `conv.lo..conv.lo + C`: bit for bit what the three launches give.
+    pub fn gemv_norm_conv(
+        &self,
+        stream: &CudaStream,
+        w: &MatrixView,
+        x: &impl DevicePtr<bf16>,
+        norm_w: &impl DevicePtr<bf16>,
+        eps: f32,
+        y: &mut impl DevicePtrMut<bf16>,
+        a_out: Option<&mut CudaViewMut<'_, bf16>>,
+        conv: ConvTail,
+    ) -> Result<()> {
+        let kernel = match w.encoding() {
+            Encoding::Bf16 => Kernel::GemvBf16NormConvB1,
+            Encoding::Q8G32 => Kernel::GemvQ8NormConvB1,
+            other => return Err(Check::new(Kernel::GemvQ8NormConvB1).fail(format!("no normed gemv for {other:?}"))),
+        };
+        let c = Check::new(kernel);
+        let ch = conv.w.len() / GDN_CONV_WIDTH;
+        c.ensure(ch > 0 && conv.lo + ch <= w.rows, || format!("conv rows {}..{} of {} rows", conv.lo, conv.lo + ch, w.rows))?;
+        c.ensure(conv.state.len().is_multiple_of((GDN_CONV_WIDTH - 1) * ch), || format!("conv state of {} for {ch} channels", conv.state.len()))?;
+        let (yl, sl, (yp, _gy)) = (y.len(), conv.slot.len(), dptr_mut(y, stream));
+        c.len("y", yl, w.rows)?;
+        c.len("slot", sl, 1)?;
+        c.len("conv y", conv.y.len(), ch)?;
+        let (cwp, _gw) = conv.w.device_ptr(stream);
+        c.aligned("conv w", cwp, 8)?;
+        let (slp, _gsl) = conv.slot.device_ptr(stream);
+        let (stp, _gst) = conv.state.device_ptr_mut(stream);
+        let (cyp, _gcy) = conv.y.device_ptr_mut(stream);
+        let (lo, channels) = (c.i32("lo", conv.lo)?, c.i32("channels", ch)?);
+        self.launch_normed(&c, stream, w, (x, norm_w, eps), (yp, false), a_out, |n| NormConvArgs { n, conv_w: cwp, state: stp, conv_y: cyp, slot: slp, lo, channels })
+    }
+
+    /// `y (+)= a·Wᵀ` for one row, `a` the gated RMSNorm of [`KernelSet::gated_rms_norm`] of `x`
+    /// (`w.cols / dim` heads of `dim`) with one token's gates `z` (`[w.cols]`) and weight
+    /// `norm_w` (`[dim]`); with `accumulate`, `y = bf16(y + bf16(a·Wᵀ))` as [`KernelSet::gemv_add`].
+    /// Bit for bit the two launches. bf16 and q8_g32 matrices.
+    pub fn gemv_gnorm(
+        &self,
+        stream: &CudaStream,
+        w: &MatrixView,
+        x: &impl DevicePtr<bf16>,
+        z: &impl DevicePtr<bf16>,
+        (norm_w, dim, eps): (&impl DevicePtr<bf16>, usize, f32),
+        y: &mut impl DevicePtrMut<bf16>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let kernel = match w.encoding() {
+            Encoding::Bf16 => Kernel::GemvBf16GnormB1,
+            Encoding::Q8G32 => Kernel::GemvQ8GnormB1,
+            other => return Err(Check::new(Kernel::GemvQ8GnormB1).fail(format!("no gated-norm gemv for {other:?}"))),
+        };
+        let c = Check::new(kernel);
+        c.ensure(w.experts == 1, || format!("gemv takes one matrix, got a bank of {}", w.experts))?;
+        c.ensure(w.cols <= NORM_MAX_K, || format!("a normed row has at most {NORM_MAX_K} columns, got {}", w.cols))?;
+        c.ensure(dim > 0 && dim.is_multiple_of(8) && w.cols.is_multiple_of(dim), || format!("{} columns are not heads of {dim} (a multiple of 8)", w.cols))?;
+        let (xl, zl, nl, yl) = (x.len(), z.len(), norm_w.len(), y.len());
+        c.len("x", xl, w.cols)?;
+        c.len("z", zl, w.cols)?;
+        c.len("norm_w", nl, dim)?;
+        c.len("y", yl, w.rows)?;
+        let (m, _gm) = w.mat_args(&c, stream)?;
+        let (xp, _gx) = dptr(x, stream);
+        let (zp, _gz) = dptr(z, stream);
+        let (np, _gn) = dptr(norm_w, stream);
+        let (yp, _gy) = dptr_mut(y, stream);
+        for (what, p) in [("x", xp), ("z", zp), ("norm_w", np)] {
+            c.aligned(what, p, 16)?;
+        }
+        let g = GemvArgs { m, x: xp, y: yp, batch: 1, ldx: c.i32("cols", w.cols)?, ldy: c.i32("rows", w.rows)?, out_f32: 0, accumulate: accumulate as i32, pad: 0 };
+        let cfg = LaunchConfig { grid_dim: (self.row_grid(kernel, w.rows)?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        self.launch_struct(stream, kernel, cfg, &GatedArgs { g, z: zp, norm_w: np, dim: c.i32("dim", dim)?, eps })
+    }
+
     /// `y = bf16(y + bf16(x·Wᵀ))` for `batch` rows: a projection added into the residual stream
     /// in the model dtype, as a product and `add_rms_norm`'s add give it.
     pub fn gemv_add(
@@ -112,6 +227,9 @@ impl KernelSet {
     }
 }
 
+/// The longest row a normed product takes (its copy in shared memory, kernels/fused.cu).
+const NORM_MAX_K: usize = 8192;
+
 impl KernelSet {
     /// Checks and launches a normed one-row product writing `y` (its device address, and whether
     /// it is f32), one warp per row as the b1 product; `args` wraps the product's arguments
@@ -127,6 +245,7 @@ impl KernelSet {
         args: impl FnOnce(GemvNormArgs) -> A,
     ) -> Result<()> {
         c.ensure(w.experts == 1, || format!("gemv takes one matrix, got a bank of {}", w.experts))?;
+        c.ensure(w.cols <= NORM_MAX_K, || format!("a normed row has at most {NORM_MAX_K} columns, got {}", w.cols))?;
         let (xl, nl) = (x.len(), norm_w.len());
         let (m, _gm) = w.mat_args(c, stream)?;
         let (xp, _gx) = dptr(x, stream);
@@ -145,7 +264,7 @@ impl KernelSet {
             None => (0, None),
         };
         let g = GemvArgs { m, x: xp, y: yp, batch: 1, ldx: c.i32("cols", w.cols)?, ldy: c.i32("rows", w.rows)?, out_f32: y_f32 as i32, accumulate: 0, pad: 0 };
-        let cfg = LaunchConfig { grid_dim: (blocks(w.rows, ROWS_PER_BLOCK), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (self.row_grid(c.kernel, w.rows)?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         self.launch_struct(stream, c.kernel, cfg, &args(GemvNormArgs { g, norm_w: np, a_out: ap, eps, pad: 0 }))
     }
 }

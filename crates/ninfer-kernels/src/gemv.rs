@@ -333,6 +333,17 @@ fn span(rows: usize, dim: usize, ld: usize) -> usize {
 pub(crate) const ROWS_PER_BLOCK: usize = 8;
 
 impl KernelSet {
+    /// The grid of a one-warp-per-row product (block 256, 8 rows per block) over `rows`: one
+    /// block per 8 rows, but no more blocks than the device holds at once, so that a long
+    /// matrix is streamed by resident warps that take several rows each (gemv.cuh's
+    /// `RowStream`) instead of by waves of blocks that each wait out their loads and exit.
+    pub(crate) fn row_grid(&self, kernel: Kernel, rows: usize) -> Result<u32> {
+        let per_sm = self.function(kernel).occupancy_max_active_blocks_per_multiprocessor(256, 0, None)?;
+        Ok(blocks(rows, ROWS_PER_BLOCK).min((per_sm as usize * self.num_sms()).max(1) as u32))
+    }
+}
+
+impl KernelSet {
     /// `y[b, n] = x[b, :] . W[n, :]` for `b < batch` (1..=16): x is bf16 `[batch, ldx]`, y is
     /// `[batch, ldy]` in bf16 or f32. W must be a single matrix (experts = 1).
     pub fn gemv<O: GemvOut>(
@@ -395,7 +406,7 @@ impl KernelSet {
         let mma = matches!(c.kernel, Kernel::GemvQ8MmaB8 | Kernel::GemvQ8MmaB16 | Kernel::GemvBf16MmaB8 | Kernel::GemvBf16MmaB16);
         c.ensure(!mma || w.cols.is_multiple_of(32), || format!("cols {} not a multiple of 32 (tensor-core gemv)", w.cols))?;
         let cfg = LaunchConfig {
-            grid_dim: (blocks(w.rows, if mma { 16 } else { ROWS_PER_BLOCK }), 1, 1),
+            grid_dim: (if mma { blocks(w.rows, 16) } else { self.row_grid(c.kernel, w.rows)? }, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -49,6 +49,8 @@ pub use attention::{
 #[cfg(feature = "build-cubins")]
 pub use experts::GROUPED_MAX_TOKENS;
 #[cfg(feature = "build-cubins")]
+pub use fused::ConvTail;
+#[cfg(feature = "build-cubins")]
 pub use gdn::{GdnDims, SeqSlots, GDN_CONV_WIDTH, GDN_MAX_DK};
 #[cfg(feature = "build-cubins")]
 pub use gemv::{GemvOut, MatrixView, Weights, GEMV_MAX_BATCH};

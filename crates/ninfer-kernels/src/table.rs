@@ -39,8 +39,12 @@ kernel_table! {
     AddRmsNorm => "norm", "ninfer_add_rms_norm";
     GatedRmsNorm => "norm", "ninfer_gated_rms_norm";
     GemvBf16B1 => "gemv", "ninfer_gemv_bf16_b1";
-    GemvBf16NormB1 => "gemv", "ninfer_gemv_bf16_norm_b1";
-    GemvQ8NormB1 => "gemv", "ninfer_gemv_q8_g32_norm_b1";
+    GemvBf16NormB1 => "fused", "ninfer_gemv_bf16_norm_b1";
+    GemvQ8NormB1 => "fused", "ninfer_gemv_q8_g32_norm_b1";
+    GemvBf16NormConvB1 => "fused", "ninfer_gemv_bf16_norm_conv_b1";
+    GemvQ8NormConvB1 => "fused", "ninfer_gemv_q8_g32_norm_conv_b1";
+    GemvBf16GnormB1 => "fused", "ninfer_gemv_bf16_gnorm_b1";
+    GemvQ8GnormB1 => "fused", "ninfer_gemv_q8_g32_gnorm_b1";
     GemvBf16MmaB8 => "gemv", "ninfer_gemv_bf16_mma_b8";
     GemvBf16MmaB16 => "gemv", "ninfer_gemv_bf16_mma_b16";
         GemvQ8B1 => "gemv", "ninfer_gemv_q8_g32_b1";
@@ -72,7 +76,7 @@ kernel_table! {
     MoeGateUpNvfp4 => "gemv", "ninfer_moe_gate_up_nvfp4";
     MoeDownNvfp4 => "gemv", "ninfer_moe_down_nvfp4";
     MoeRoute => "moe", "ninfer_moe_route";
-    MoeRouterBf16B1 => "gemv", "ninfer_moe_router_bf16_b1";
+    MoeRouterBf16B1 => "fused", "ninfer_moe_router_bf16_b1";
     MoeGateUpGroupedNvfp4 => "experts", "ninfer_moe_gate_up_grouped_nvfp4";
     MoeDownGroupedNvfp4 => "experts", "ninfer_moe_down_grouped_nvfp4";
     MoeCombine => "experts", "ninfer_moe_combine";

@@ -58,6 +58,19 @@ fn gemv_all_encodings_small_shapes() {
     }
 }
 
+/// More rows than the device holds warps at once: each warp streams several rows (RowStream),
+/// with row ends at every chunk count per lane (192 columns: 3 to 24 chunks, fewer than the
+/// lanes; 2048: 2 to 8 per lane).
+#[test]
+fn gemv_streams_more_rows_than_resident_warps() {
+    for (i, enc) in ALL_ENCS.into_iter().enumerate() {
+        for (j, &batch) in [1usize, 2, 16].iter().enumerate() {
+            run_case(enc, 20011, 192, batch, 192, 1, 300 + 10 * i as u64 + j as u64);
+        }
+        run_case(enc, 9001, 2048, 1, 2048, 1, 350 + i as u64);
+    }
+}
+
 #[test]
 fn gemv_all_encodings_decode_shapes_and_batches() {
     for (i, enc) in ALL_ENCS.into_iter().enumerate() {
@@ -156,6 +169,7 @@ fn gemv_norm_equals_norm_then_gemv() {
     for (i, enc) in [Enc::Bf16, Enc::Q8].into_iter().enumerate() {
         norm_case(enc, 300, 2048, 600 + i as u64);
         norm_case(enc, 37, 192, 610 + i as u64);
+        norm_case(enc, 20011, 256, 620 + i as u64);
     }
 }
 

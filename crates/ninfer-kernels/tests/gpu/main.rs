@@ -7,6 +7,7 @@ mod attention;
 mod bench;
 mod common;
 mod embed;
+mod fused;
 mod gdn;
 mod gemv;
 mod load;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use ninfer_kernels::{
-    AttentionBatch, GdnDims, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
+    AttentionBatch, ConvTail, GdnDims, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
     GEMV_MAX_BATCH, GROUPED_MAX_TOKENS,
 };
 
@@ -273,25 +273,41 @@ pub(super) fn head(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, c0: us
     linear::<f32>(cx, "head", &cx.model.head, ws.sel.as_view(), rc, h, ws.logits.as_view_mut(), v)
 }
 
-/// Gated DeltaNet mixer (model-spec.md §2.4) into `ws.delta`.
+/// Gated DeltaNet mixer (model-spec.md §2.4) into `ws.delta`, or added into `ws.h` with
+/// `fuse.add_out`.
 fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, gi: usize, fuse: Fuse) -> Result<(), BackendError> {
     let d = cx.dims;
     let (t, h, cd, vd, hv) = (meta.tokens, d.h, d.cd, d.vd, d.hv);
+    let conv_w = cx.arena.bf16(g.conv);
     // Step 1: projections. With the stacked matrix, one launch gives each token's row
     // [z | qkv | b | a] (or [qkv | b | a] with z on its own); otherwise qkv, b‖a and z come
-    // from four launches into their own buffers. `q0` is where qkv starts in a `ld` row.
-    let (ld, q0) = match &g.stack {
+    // from four launches into their own buffers. `q0` is where qkv starts in a `ld` row. A
+    // single token's stacked projection norms its input and runs step 2 itself.
+    let (ld, q0, conv_done) = match &g.stack {
         Some(stack) => {
             let ld = if stack.with_z { vd + cd + 2 * hv } else { cd + 2 * hv };
             let label = if stack.with_z { "gdn.zqkvba" } else { "gdn.qkvba" };
-            first_linear(cx, label, &stack.m, (&ws.h, &mut ws.a), fuse.norm_in, t, ws.proj.as_view_mut(), ld)?;
-            (ld, if stack.with_z { vd } else { 0 })
+            let q0 = if stack.with_z { vd } else { 0 };
+            match fuse.norm_in {
+                Some(norm) => {
+                    let tail = ConvTail { w: conv_w.slice(..), state: &mut st.conv[gi], slot: tb.slots.slice(..1), y: &mut ws.conv.slice_mut(..cd), lo: q0 };
+                    let (nw, eps) = (cx.arena.bf16(norm), cx.cfg.rms_norm_eps);
+                    let (m, hr) = (cx.arena.mat(&stack.m), ws.h.slice(..h));
+                    cx.ks.gemv_norm_conv(cx.s, &m, &hr, &nw, eps, &mut ws.proj.slice_mut(..ld), Some(&mut ws.a.slice_mut(..h)), tail).map_err(kern)?;
+                    cx.mark(label, stack.m.bytes());
+                    (ld, q0, true)
+                }
+                None => {
+                    linear(cx, label, &stack.m, ws.a.as_view(), t, h, ws.proj.as_view_mut(), ld)?;
+                    (ld, q0, false)
+                }
+            }
         }
         None => {
             first_linear(cx, "gdn.qkv", &g.qkv, (&ws.h, &mut ws.a), fuse.norm_in, t, ws.proj.as_view_mut(), cd)?;
             linear(cx, "gdn.b", &g.b, ws.a.as_view(), t, h, ws.ba.as_view_mut(), 2 * hv)?;
             linear(cx, "gdn.a", &g.a, ws.a.as_view(), t, h, ws.ba.slice_mut(hv..), 2 * hv)?;
-            (cd, 0)
+            (cd, 0, false)
         }
     };
     let z_stacked = g.stack.as_ref().is_some_and(|s| s.with_z);
@@ -304,10 +320,11 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, met
     };
     let batch = SeqSlots { seqs: meta.seqs, tokens: t, cu: tb.cu.slice(..), slots: tb.slots.slice(..) };
     // Step 2: causal conv + SiLU, continuing each slot's conv state.
-    let conv_w = cx.arena.bf16(g.conv);
-    let qkv = ws.proj.slice(q0..);
-    cx.ks.gdn_conv(cx.s, &qkv, ld, &conv_w, cd, &mut st.conv[gi], d.slots, &batch, &mut ws.conv, cd).map_err(kern)?;
-    cx.mark("gdn_conv", meta.seqs * 2 * (GDN_CONV_WIDTH - 1) * cd * 2);
+    if !conv_done {
+        let qkv = ws.proj.slice(q0..);
+        cx.ks.gdn_conv(cx.s, &qkv, ld, &conv_w, cd, &mut st.conv[gi], d.slots, &batch, &mut ws.conv, cd).map_err(kern)?;
+        cx.mark("gdn_conv", meta.seqs * 2 * (GDN_CONV_WIDTH - 1) * cd * 2);
+    }
     // Steps 3-7: gates, q/k norms and the recurrence per token.
     let dims = GdnDims { hk: cx.cfg.linear_num_key_heads, hv, dk: d.dk, dv: d.dv };
     let (a_log, dt_bias) = (cx.arena.f32(g.a_log), cx.arena.f32(g.dt_bias));
@@ -318,9 +335,17 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, met
     // The f32 state of each sequence is read and written once per launch.
     cx.mark("gdn_recurrent", meta.seqs * 2 * hv * d.dk * d.dv * 4);
     // Step 8: gated RMSNorm per value head with z, then the output projection. A stacked z is
-    // read in place from the projection rows, so the norm writes to the z buffer instead.
+    // read in place from the projection rows, so the norm writes to the z buffer instead. A
+    // single token's output projection norms its own input when it adds into h.
     let norm_w = cx.arena.bf16(g.norm);
     let eps = cx.cfg.rms_norm_eps;
+    if fuse.add_out && t == 1 && g.out.takes_norm() {
+        let z = if z_stacked { ws.proj.slice(..vd) } else { ws.z.slice(..vd) };
+        let (m, x) = (cx.arena.mat(&g.out), ws.mix.slice(..vd));
+        cx.ks.gemv_gnorm(cx.s, &m, &x, &z, (&norm_w, d.dv, eps), &mut ws.h.slice_mut(..h), true).map_err(kern)?;
+        cx.mark("gdn.out", g.out.bytes());
+        return Ok(());
+    }
     let normed = if z_stacked {
         cx.ks.gated_rms_norm(cx.s, &ws.mix, &ws.proj, hv, ld, &norm_w, &mut ws.z, t * hv, d.dv, eps).map_err(kern)?;
         ws.z.as_view()

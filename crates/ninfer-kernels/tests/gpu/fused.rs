@@ -1,0 +1,131 @@
+//! fused.cu: the products with their neighbouring launches folded in, against those launches
+//! (the same bits) and against the CPU.
+
+use ninfer_kernels::{ConvTail, SeqSlots};
+
+use crate::common::*;
+use crate::mats::*;
+
+/// gemv_norm_conv against gemv_norm then gdn_conv on the product's rows lo..lo + C.
+fn norm_conv_case(enc: Enc, (lo, ch, tail): (usize, usize, usize), k: usize, seed: u64) {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(seed);
+    let n = lo + ch + tail;
+    let m = HostMat::random(enc, 1, n, k, 1, &mut rng);
+    let dm = m.upload(&s);
+    let (x, nw) = (rng.bf16s(k, 2.0), rng.bf16s(k, 0.1));
+    let (cw, state) = (rng.bf16s(ch * 4, 0.5), rng.bf16s(3 * 3 * ch, 1.0));
+    let (dx, dnw, dcw) = (up(&s, &x), up(&s, &nw), up(&s, &cw));
+    let slot = up(&s, &[2i32]);
+    let cu = up(&s, &[0i32, 1]);
+    let eps = 1e-6f32;
+    let name = format!("gemv_norm_conv {enc:?} n={n} k={k} lo={lo} C={ch}");
+
+    let mut y_two = nan_bf16(&s, n);
+    let mut a_two = nan_bf16(&s, k);
+    g.ks.gemv_norm(&s, &dm.view(), &dx, &dnw, eps, &mut y_two, Some(&mut a_two.slice_mut(..))).unwrap();
+    let mut st_two = up(&s, &state);
+    let mut cy_two = nan_bf16(&s, ch);
+    let batch = SeqSlots { seqs: 1, tokens: 1, cu: cu.slice(..), slots: slot.slice(..) };
+    g.ks.gdn_conv(&s, &y_two.slice(lo..), n - lo, &dcw, ch, &mut st_two, 3, &batch, &mut cy_two, ch).unwrap();
+
+    let mut y_one = nan_bf16(&s, n);
+    let mut a_one = nan_bf16(&s, k);
+    let mut st_one = up(&s, &state);
+    let mut cy_one = nan_bf16(&s, ch);
+    let tail_args = ConvTail { w: dcw.slice(..), state: &mut st_one, slot: slot.slice(..), y: &mut cy_one.slice_mut(..), lo };
+    g.ks.gemv_norm_conv(&s, &dm.view(), &dx, &dnw, eps, &mut y_one, Some(&mut a_one.slice_mut(..)), tail_args).unwrap();
+
+    let conv = down(&s, &cy_one);
+    assert!(conv.iter().all(|v| v.to_f32().is_finite()), "{name}: non-finite conv output");
+    assert_eq!(down(&s, &y_one), down(&s, &y_two), "{name}: y differs from gemv_norm");
+    assert_eq!(down(&s, &a_one), down(&s, &a_two), "{name}: a differs from gemv_norm");
+    assert_eq!(conv, down(&s, &cy_two), "{name}: conv output differs from gdn_conv");
+    assert_eq!(down(&s, &st_one), down(&s, &st_two), "{name}: conv state differs from gdn_conv");
+    // Slots other than the sequence's are untouched.
+    let st = down(&s, &st_one);
+    assert_eq!(st[..6 * ch], state[..6 * ch], "{name}: another slot's state changed");
+}
+
+#[test]
+fn gemv_norm_conv_equals_norm_gemv_then_conv() {
+    for (i, enc) in [Enc::Bf16, Enc::Q8].into_iter().enumerate() {
+        norm_conv_case(enc, (64, 192, 16), 256, 900 + i as u64);
+        norm_conv_case(enc, (0, 120, 0), 2048, 910 + i as u64);
+        // More rows than resident warps: the conv rows in the middle of a warp's rows.
+        norm_conv_case(enc, (7000, 8192, 9000), 256, 915 + i as u64);
+    }
+}
+
+/// gemv_gnorm against gated_rms_norm then gemv (or gemv_add), and against the CPU.
+fn gnorm_case(enc: Enc, n: usize, heads: usize, dim: usize, seed: u64) {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(seed);
+    let k = heads * dim;
+    let m = HostMat::random(enc, 1, n, k, 1, &mut rng);
+    let dm = m.upload(&s);
+    let (x, z, nw) = (rng.bf16s(k, 1.0), rng.bf16s(k, 1.5), rng.bf16s(dim, 0.5));
+    let resid = rng.bf16s(n, 2.0);
+    let (dx, dz, dnw) = (up(&s, &x), up(&s, &z), up(&s, &nw));
+    let eps = 1e-6f32;
+    let name = format!("gemv_gnorm {enc:?} n={n} heads={heads} dim={dim}");
+
+    let mut a = nan_bf16(&s, k);
+    g.ks.gated_rms_norm(&s, &dx, &dz, heads, k, &dnw, &mut a, heads, dim, eps).unwrap();
+    let mut y_two = nan_bf16(&s, n);
+    g.ks.gemv(&s, &dm.view(), &a, 1, k, &mut y_two, n).unwrap();
+    let mut h_two = up(&s, &resid);
+    g.ks.gemv_add(&s, &dm.view(), &a, 1, k, &mut h_two, n).unwrap();
+
+    let mut y_one = nan_bf16(&s, n);
+    g.ks.gemv_gnorm(&s, &dm.view(), &dx, &dz, (&dnw, dim, eps), &mut y_one, false).unwrap();
+    let mut h_one = up(&s, &resid);
+    g.ks.gemv_gnorm(&s, &dm.view(), &dx, &dz, (&dnw, dim, eps), &mut h_one, true).unwrap();
+    let y = to_f32(&down(&s, &y_one));
+    assert!(y.iter().all(|v| v.is_finite()), "{name}: non-finite output");
+    assert_eq!(down(&s, &y_one), down(&s, &y_two), "{name}: y differs from gated_rms_norm + gemv");
+    assert_eq!(down(&s, &h_one), down(&s, &h_two), "{name}: accumulated y differs from gated_rms_norm + gemv_add");
+
+    // CPU: per head n = bf16(x / rms), m = bf16(n * w), a = bf16(m * silu(z)), y = a . W.
+    let (xf, zf, wf) = (to_f32(&x), to_f32(&z), to_f32(&nw));
+    let mut af = vec![0f32; k];
+    for hd in 0..heads {
+        let r = &xf[hd * dim..(hd + 1) * dim];
+        let ms = r.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / dim as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        for i in 0..dim {
+            let nrm = bf((r[i] as f64 * inv) as f32);
+            let mm = bf(nrm * wf[i]);
+            af[hd * dim + i] = bf((mm as f64 * silu(zf[hd * dim + i] as f64)) as f32);
+        }
+    }
+    assert_close(&format!("{name} vs CPU"), &y, &matvec(&m.dequant_expert(0), n, k, &af), 1e-2);
+}
+
+#[test]
+fn gemv_gnorm_equals_gated_norm_then_gemv() {
+    for (i, enc) in [Enc::Bf16, Enc::Q8].into_iter().enumerate() {
+        gnorm_case(enc, 300, 32, 128, 920 + i as u64);
+        gnorm_case(enc, 37, 3, 64, 930 + i as u64);
+        gnorm_case(enc, 20011, 2, 128, 935 + i as u64);
+    }
+}
+
+/// The launchers refuse what the kernels cannot do.
+#[test]
+fn fused_launchers_refuse_bad_shapes() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(940);
+    let m = HostMat::random(Enc::Q8, 1, 16, 8192 + 32, 1, &mut rng).upload(&s);
+    let x = nan_bf16(&s, 8192 + 32);
+    let mut y = nan_bf16(&s, 16);
+    assert!(g.ks.gemv_norm(&s, &m.view(), &x, &x, 1e-6, &mut y, None).is_err(), "a row longer than shared memory");
+    let m4 = HostMat::random(Enc::Q4, 1, 16, 256, 1, &mut rng).upload(&s);
+    let (x4, nw) = (nan_bf16(&s, 256), nan_bf16(&s, 96));
+    assert!(g.ks.gemv_gnorm(&s, &m4.view(), &x4, &x4, (&nw, 64, 1e-6), &mut y, false).is_err(), "q4 has no gated-norm product");
+    let m8 = HostMat::random(Enc::Q8, 1, 16, 256, 1, &mut rng).upload(&s);
+    assert!(g.ks.gemv_gnorm(&s, &m8.view(), &x4, &x4, (&nw, 96, 1e-6), &mut y, false).is_err(), "256 columns are not heads of 96");
+}

@@ -1,0 +1,204 @@
+// Products of one row (a single-token pass) with the small launches around them folded in, so
+// that a decode step has fewer launches. Each is ninfer_gemv_<enc>_b1 of gemv.cu (GemvArgs,
+// accumulate included; one output row per warp; block 256, grid ceil(N / 8)) whose input row a
+// is built first by every block in shared memory from the launch's own inputs, K = m.cols <= 8192
+// (16 KiB of static shared memory), K % 8 == 0 on top of the encoding's multiple; some add an
+// epilogue on each output. Every fused kernel gives the bits of the launches it replaces, whose
+// shared pieces (rms.cuh, route.cuh, conv.cuh) it calls. Encodings: bf16 and q8_g32.
+//
+// ninfer_gemv_<enc>_norm_b1  (GemvNormArgs)
+//   a = ninfer_rms_norm of the row x (zero-centred, weight norm_w, eps; norm.cu), y = a . W;
+//   with a_out, block 0 also stores a there (the input of the launches after it). a_out must
+//   not alias x.
+//
+// ninfer_moe_router_bf16_b1  (RouterArgs)
+//   ninfer_gemv_bf16_norm_b1 over the router rows (and the shared gate's row after them; bf16 y
+//   of E (+ 1) logits), then ninfer_moe_route of that one row (moe.cu's contract) by the last
+//   block to finish, which also resets `counter` to zero for the next launch.
+//
+// ninfer_gemv_<enc>_norm_conv_b1  (NormConvArgs)
+//   ninfer_gemv_<enc>_norm_b1 (bf16 y), then ninfer_gdn_conv of the one token for the rows
+//   lo <= r < lo + C (the qkv part of the stacked GDN projection): channel c = r - lo of the
+//   sequence in state slot *slot, input bf16(y[r]), output conv_y[c], the state [slots, 3, C]
+//   moved on by one input.
+//
+// ninfer_gemv_<enc>_gnorm_b1  (GatedArgs)
+//   a = ninfer_gated_rms_norm of x as K / dim rows of dim (one token's value heads) with their
+//   gates z (head i at z + i * dim) and weight norm_w [dim], then y = a . W (with accumulate:
+//   added into bf16 y, the output projection's residual add). dim % 8 == 0.
+#include "conv.cuh"
+#include "gemv.cuh"
+#include "rms.cuh"
+#include "route.cuh"
+
+#define FUSED_MAX_K 8192
+
+// The product of the row that `fill` builds in shared memory, each warp taking rows
+// blockIdx.x * 8 + warp + k * gridDim.x * 8 (a grid of fewer blocks than ceil(N / 8) streams
+// several rows per warp), then `epi(row, v)` by lane 0 of each row's warp after its store (v: the f32 sum times the row's multiplier). No early return:
+// the block synchronises on the row, and the router kernel after this. Building the row once
+// per block, not per element inside the dot product, keeps the product bound by its weights:
+// the per-element norm made the GDN input projection 50 % slower (decode profile of commit
+// d85f2b4, H200).
+template <typename Enc, typename Fill, typename Epi>
+__device__ __forceinline__ void row_product(const GemvArgs& a, Fill fill, Epi epi) {
+    constexpr int CH = Enc::CHUNK;
+    __shared__ __align__(16) bf16 xs[FUSED_MAX_K];
+    grid_release();
+    const int lane = threadIdx.x & 31;
+    const int row0 = blockIdx.x * 8 + (threadIdx.x >> 5);
+    // A warp without rows only builds the row and waits like the others.
+    RowStream<Enc, 4> rs;
+    rs.start(a.m, row0, gridDim.x * 8, lane);
+    grid_wait();
+    fill(xs);
+    __syncthreads();
+    float acc = 0.f;
+    rs.each(
+        a.m, row0,
+        [&](int c, const float (&w)[CH], const float (&sc)[Enc::GROUPS]) { acc += chunk_dot<Enc, true>(w, sc, xs + (size_t)c * CH); },
+        [&](int row) {
+            acc = warp_sum1(acc);
+            if (lane == 0) {
+                const float v = acc * row_multiplier<Enc>(a.m, 0, row);
+                store_out(a.y, row, v, a.out_f32, a.accumulate);
+                epi(row, v);
+            }
+            acc = 0.f;
+        });
+}
+
+struct GemvNormArgs {
+    GemvArgs g;
+    const bf16* norm_w;
+    bf16* a_out;
+    float eps;
+    int pad;
+};
+static_assert(sizeof(GemvNormArgs) == 112, "mirrored in crates/ninfer-kernels/src/fused.rs");
+
+// The zero-centred norm of x into xs (and a_out from block 0), each element as norm.cu rounds it.
+__device__ __forceinline__ void fill_norm(bf16* xs, const GemvNormArgs& na) {
+    const int k = na.g.m.cols;
+    const float inv = inv_rms(na.g.x, k, na.eps, threadIdx.x & 31);
+    bf16* a_out = blockIdx.x == 0 ? na.a_out : nullptr;
+    for (int c = threadIdx.x; c < k / 8; c += blockDim.x) {
+        float v[8], wv[8];
+        unpack_bf8(ldg16(na.g.x + c * 8), v);
+        unpack_bf8(ldg16(na.norm_w + c * 8), wv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = v[i] * inv * (1.0f + wv[i]);
+        const uint4 p = pack_bf8(v);
+        *reinterpret_cast<uint4*>(xs + c * 8) = p;
+        if (a_out != nullptr) *reinterpret_cast<uint4*>(a_out + c * 8) = p;
+    }
+}
+
+template <typename Enc>
+__device__ __forceinline__ void gemv_norm_body(const GemvNormArgs& na) {
+    row_product<Enc>(na.g, [&](bf16* xs) { fill_norm(xs, na); }, [](int, float) {});
+}
+
+struct RouterArgs {
+    GemvNormArgs n;  // y: the bf16 logits row [E (+ 1)], the shared gate's logit last
+    int* ids;
+    float* w;
+    unsigned* counter;  // zero between launches; the last block puts it back to zero
+    int experts;
+    int topk;
+    int has_shared;
+    int pad;
+};
+static_assert(sizeof(RouterArgs) == 152, "mirrored in crates/ninfer-kernels/src/fused.rs");
+
+template <typename Enc>
+__device__ __forceinline__ void router_body(const RouterArgs& r) {
+    __shared__ bool last;
+    gemv_norm_body<Enc>(r.n);
+    // The block whose logits complete the row routes it: every block publishes its rows, then
+    // counts itself in; the last to arrive sees all of them (through L2, route_row).
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(r.counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 32)
+        route_row(static_cast<const bf16*>(r.n.g.y), 0, 1, r.experts, r.topk, r.has_shared, r.ids, r.w, threadIdx.x);
+    if (threadIdx.x == 0) *r.counter = 0u;
+}
+
+struct NormConvArgs {
+    GemvNormArgs n;
+    const bf16* conv_w;  // [C, 4]
+    bf16* state;         // [slots, 3, C]
+    bf16* conv_y;        // [C]
+    const int* slot;     // the sequence's state slot
+    int lo;
+    int channels;
+};
+static_assert(sizeof(NormConvArgs) == 152, "mirrored in crates/ninfer-kernels/src/fused.rs");
+
+template <typename Enc>
+__device__ __forceinline__ void norm_conv_body(const NormConvArgs& a) {
+    row_product<Enc>(a.n.g, [&](bf16* xs) { fill_norm(xs, a.n); }, [&](int row, float v) {
+        const int c = row - a.lo;
+        if (c < 0 || c >= a.channels) return;
+        const size_t C = a.channels;
+        bf16* st = a.state + (size_t)*a.slot * 3 * C + c;
+        const float h0 = bf2f(st[0]), h1 = bf2f(st[C]), h2 = bf2f(st[2 * C]);
+        const float x = round_bf(v);
+        a.conv_y[c] = conv4_silu(__ldg(reinterpret_cast<const uint2*>(a.conv_w + (size_t)c * 4)), h0, h1, h2, x);
+        st[0] = f2bf(h1);
+        st[C] = f2bf(h2);
+        st[2 * C] = f2bf(x);
+    });
+}
+
+struct GatedArgs {
+    GemvArgs g;
+    const bf16* z;
+    const bf16* norm_w;
+    int dim;
+    float eps;
+};
+static_assert(sizeof(GatedArgs) == 112, "mirrored in crates/ninfer-kernels/src/fused.rs");
+
+// The gated norm of every head into xs, warp w taking heads w, w + 8, ..., each element as
+// norm.cu's ninfer_gated_rms_norm computes and rounds it.
+__device__ __forceinline__ void fill_gated(bf16* xs, const GatedArgs& a) {
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int hd = threadIdx.x >> 5; hd < a.g.m.cols / a.dim; hd += warps) {
+        const bf16* x = a.g.x + (size_t)hd * a.dim;
+        const bf16* z = a.z + (size_t)hd * a.dim;
+        const float inv = inv_rms(x, a.dim, a.eps, lane);
+        for (int c = lane; c < a.dim / 8; c += NINFER_WARP) {
+            float v[8], w[8], g[8];
+            unpack_bf8(ldg16(x + c * 8), v);
+            unpack_bf8(ldg16(a.norm_w + c * 8), w);
+            unpack_bf8(ldg16(z + c * 8), g);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = round_bf(round_bf(v[i] * inv) * w[i]) * silu(g[i]);
+            *reinterpret_cast<uint4*>(xs + (size_t)hd * a.dim + c * 8) = pack_bf8(v);
+        }
+    }
+}
+
+template <typename Enc>
+__device__ __forceinline__ void gnorm_body(const GatedArgs& a) {
+    row_product<Enc>(a.g, [&](bf16* xs) { fill_gated(xs, a); }, [](int, float) {});
+}
+
+#define NINFER_FUSED(name, Enc)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_norm_b1(GemvNormArgs a) {      \
+        gemv_norm_body<Enc>(a);                                                                          \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_norm_conv_b1(NormConvArgs a) { \
+        norm_conv_body<Enc>(a);                                                                          \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_gnorm_b1(GatedArgs a) {        \
+        gnorm_body<Enc>(a);                                                                              \
+    }
+NINFER_FUSED(bf16, EncBf16)
+NINFER_FUSED(q8_g32, EncQ8)
+extern "C" __global__ void __launch_bounds__(256) ninfer_moe_router_bf16_b1(RouterArgs a) { router_body<EncBf16>(a); }
