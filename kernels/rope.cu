@@ -44,6 +44,7 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a
     grid_release();
     grid_wait();
     __shared__ float buf[4][ROPE_MAX_DIM];
+    __shared__ float cos_s[4][ROPE_MAX_DIM / 2], sin_s[4][ROPE_MAX_DIM / 2];
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const int heads = a.q_heads + a.k_heads;
@@ -67,6 +68,16 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a
             ss += v[i] * v[i];
         }
     }
+    // cos and sin of each rotary frequency, one frequency per lane (each serves two dims): in
+    // the element loop below they cost 8 serial powf/cosf/sinf per lane, most of the kernel.
+    const int half = a.rot / 2;
+    const float p = (float)a.pos[t];
+    for (int j = lane; j < half; j += 32) {
+        const float inv_freq = 1.0f / powf(a.theta, (float)(2 * j) / (float)a.rot);
+        const float ang = p * inv_freq;
+        cos_s[warp][j] = round_bf(cosf(ang));
+        sin_s[warp][j] = round_bf(sinf(ang));
+    }
     ss = warp_sum1(ss);
     if (w != nullptr) {
         const float inv = rsqrtf(ss / (float)a.dim + a.eps);
@@ -78,8 +89,6 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a
         }
     }
     __syncwarp();
-    const int half = a.rot / 2;
-    const float p = (float)a.pos[t];
     for (int c = lane; c < chunks; c += 32) {
         float v[8];
 #pragma unroll
@@ -88,10 +97,8 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a
             float out = row[d];
             if (d < a.rot) {
                 const int j = d < half ? d : d - half;
-                const float inv_freq = 1.0f / powf(a.theta, (float)(2 * j) / (float)a.rot);
-                const float ang = p * inv_freq;
-                const float cs = round_bf(cosf(ang));
-                const float sn = round_bf(sinf(ang));
+                const float cs = cos_s[warp][j];
+                const float sn = sin_s[warp][j];
                 if (d < half) {
                     out = round_bf(round_bf(row[d] * cs) - round_bf(row[d + half] * sn));
                 } else {
