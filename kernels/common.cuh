@@ -69,6 +69,10 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
 // Programmatic dependent launch (PTX ISA "griddepcontrol", sm_90+). Every kernel but the
 // cooperative sampler is launched allowed to start while the kernel ahead of it in the stream
 // is still running (launch.rs), so every kernel keeps this rule: nothing before `grid_wait()`

@@ -32,6 +32,40 @@
 #include "route.cuh"
 
 #define FUSED_MAX_K 8192
+#define FUSED_THREADS 256
+#define FUSED_PER (FUSED_MAX_K / 8 / FUSED_THREADS)  // 8-element chunks of the row per thread
+
+// The first step of every fill: thread i loads chunks i, i + 256, ... of the row x once (all in
+// flight together, each with `also(c)` to ask for what goes with it) and puts each chunk's
+// sum of squares (sq8) in part[c]; the norms then sum the partials in rms.cuh's order, so a
+// block-wide norm costs one round trip to memory and gives a one-warp norm's bits.
+template <typename Also>
+__device__ __forceinline__ void load_row(uint4 (&xr)[FUSED_PER], const bf16* x, int nch, float* part, Also also) {
+#pragma unroll
+    for (int i = 0; i < FUSED_PER; ++i) {
+        const int c = threadIdx.x + FUSED_THREADS * i;
+        if (c < nch) {
+            xr[i] = ldg16(x + c * 8);
+            also(c);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < FUSED_PER; ++i) {
+        const int c = threadIdx.x + FUSED_THREADS * i;
+        if (c < nch) {
+            float v[8];
+            unpack_bf8(xr[i], v);
+            part[c] = sq8(v);
+        }
+    }
+}
+
+// inv_rms's value from the partials of chunks [c0, c0 + n), by the calling warp.
+__device__ __forceinline__ float inv_from_parts(const float* part, int c0, int n, int dim, float eps, int lane) {
+    float ss = 0.f;
+    for (int c = lane; c < n; c += NINFER_WARP) ss += part[c0 + c];
+    return rsqrtf(warp_sum1(ss) / (float)dim + eps);
+}
 
 // The product of the row that `fill` builds in shared memory, each warp taking rows
 // blockIdx.x * 8 + warp + k * gridDim.x * 8 (a grid of fewer blocks than ceil(N / 8) streams
@@ -44,6 +78,7 @@ template <typename Enc, typename Fill, typename Epi>
 __device__ __forceinline__ void row_product(const GemvArgs& a, Fill fill, Epi epi) {
     constexpr int CH = Enc::CHUNK;
     __shared__ __align__(16) bf16 xs[FUSED_MAX_K];
+    __shared__ float red[2][FUSED_MAX_K / 8];
     grid_release();
     const int lane = threadIdx.x & 31;
     const int row0 = blockIdx.x * 8 + (threadIdx.x >> 5);
@@ -51,7 +86,7 @@ __device__ __forceinline__ void row_product(const GemvArgs& a, Fill fill, Epi ep
     RowStream<Enc, 4> rs;
     rs.start(a.m, row0, gridDim.x * 8, lane);
     grid_wait();
-    fill(xs);
+    fill(xs, red);
     __syncthreads();
     float acc = 0.f;
     rs.each(
@@ -78,16 +113,27 @@ struct GemvNormArgs {
 static_assert(sizeof(GemvNormArgs) == 112, "mirrored in crates/ninfer-kernels/src/fused.rs");
 
 // The zero-centred norm of x into xs (and a_out from block 0), each element as norm.cu rounds it.
-__device__ __forceinline__ void fill_norm(bf16* xs, const GemvNormArgs& na) {
-    const int k = na.g.m.cols;
-    const float inv = inv_rms(na.g.x, k, na.eps, threadIdx.x & 31);
+__device__ __forceinline__ void fill_norm(bf16* xs, float (&red)[2][FUSED_MAX_K / 8], const GemvNormArgs& na) {
+    const int k = na.g.m.cols, nch = k / 8;
+    uint4 xr[FUSED_PER];
+    load_row(xr, na.g.x, nch, red[0], [&](int c) { prefetch_l1(na.norm_w + c * 8); });
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const float inv = inv_from_parts(red[0], 0, nch, k, na.eps, threadIdx.x);
+        if (threadIdx.x == 0) red[1][0] = inv;
+    }
+    __syncthreads();
+    const float inv = red[1][0];
     bf16* a_out = blockIdx.x == 0 ? na.a_out : nullptr;
-    for (int c = threadIdx.x; c < k / 8; c += blockDim.x) {
+#pragma unroll
+    for (int i = 0; i < FUSED_PER; ++i) {
+        const int c = threadIdx.x + FUSED_THREADS * i;
+        if (c >= nch) break;
         float v[8], wv[8];
-        unpack_bf8(ldg16(na.g.x + c * 8), v);
+        unpack_bf8(xr[i], v);
         unpack_bf8(ldg16(na.norm_w + c * 8), wv);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = v[i] * inv * (1.0f + wv[i]);
+        for (int j = 0; j < 8; ++j) v[j] = v[j] * inv * (1.0f + wv[j]);
         const uint4 p = pack_bf8(v);
         *reinterpret_cast<uint4*>(xs + c * 8) = p;
         if (a_out != nullptr) *reinterpret_cast<uint4*>(a_out + c * 8) = p;
@@ -96,7 +142,7 @@ __device__ __forceinline__ void fill_norm(bf16* xs, const GemvNormArgs& na) {
 
 template <typename Enc>
 __device__ __forceinline__ void gemv_norm_body(const GemvNormArgs& na) {
-    row_product<Enc>(na.g, [&](bf16* xs) { fill_norm(xs, na); }, [](int, float) {});
+    row_product<Enc>(na.g, [&](bf16* xs, float (&red)[2][FUSED_MAX_K / 8]) { fill_norm(xs, red, na); }, [](int, float) {});
 }
 
 struct RouterArgs {
@@ -141,7 +187,7 @@ static_assert(sizeof(NormConvArgs) == 152, "mirrored in crates/ninfer-kernels/sr
 
 template <typename Enc>
 __device__ __forceinline__ void norm_conv_body(const NormConvArgs& a) {
-    row_product<Enc>(a.n.g, [&](bf16* xs) { fill_norm(xs, a.n); }, [&](int row, float v) {
+    row_product<Enc>(a.n.g, [&](bf16* xs, float (&red)[2][FUSED_MAX_K / 8]) { fill_norm(xs, red, a.n); }, [&](int row, float v) {
         const int c = row - a.lo;
         if (c < 0 || c >= a.channels) return;
         const size_t C = a.channels;
@@ -164,29 +210,41 @@ struct GatedArgs {
 };
 static_assert(sizeof(GatedArgs) == 112, "mirrored in crates/ninfer-kernels/src/fused.rs");
 
-// The gated norm of every head into xs, warp w taking heads w, w + 8, ..., each element as
-// norm.cu's ninfer_gated_rms_norm computes and rounds it.
-__device__ __forceinline__ void fill_gated(bf16* xs, const GatedArgs& a) {
-    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    for (int hd = threadIdx.x >> 5; hd < a.g.m.cols / a.dim; hd += warps) {
-        const bf16* x = a.g.x + (size_t)hd * a.dim;
-        const bf16* z = a.z + (size_t)hd * a.dim;
-        const float inv = inv_rms(x, a.dim, a.eps, lane);
-        for (int c = lane; c < a.dim / 8; c += NINFER_WARP) {
-            float v[8], w[8], g[8];
-            unpack_bf8(ldg16(x + c * 8), v);
-            unpack_bf8(ldg16(a.norm_w + c * 8), w);
-            unpack_bf8(ldg16(z + c * 8), g);
+// The gated norm of every head into xs, each element as norm.cu's ninfer_gated_rms_norm
+// computes and rounds it; warp w sums the partials of heads w, w + 8, ...
+__device__ __forceinline__ void fill_gated(bf16* xs, float (&red)[2][FUSED_MAX_K / 8], const GatedArgs& a) {
+    const int nch = a.g.m.cols / 8, cph = a.dim / 8, heads = a.g.m.cols / a.dim;
+    const int lane = threadIdx.x & 31;
+    uint4 xr[FUSED_PER];
+    load_row(xr, a.g.x, nch, red[0], [&](int c) {
+        prefetch_l1(a.z + c * 8);
+        prefetch_l1(a.norm_w + (c % cph) * 8);
+    });
+    __syncthreads();
+    for (int hd = threadIdx.x >> 5; hd < heads; hd += FUSED_THREADS / 32) {
+        const float inv = inv_from_parts(red[0], hd * cph, cph, a.dim, a.eps, lane);
+        if (lane == 0) red[1][hd] = inv;
+    }
+    __syncthreads();
 #pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = round_bf(round_bf(v[i] * inv) * w[i]) * silu(g[i]);
-            *reinterpret_cast<uint4*>(xs + (size_t)hd * a.dim + c * 8) = pack_bf8(v);
-        }
+    for (int i = 0; i < FUSED_PER; ++i) {
+        const int c = threadIdx.x + FUSED_THREADS * i;
+        if (c >= nch) break;
+        const int hd = c / cph;
+        const float inv = red[1][hd];
+        float v[8], w[8], g[8];
+        unpack_bf8(xr[i], v);
+        unpack_bf8(ldg16(a.norm_w + (c - hd * cph) * 8), w);
+        unpack_bf8(ldg16(a.z + c * 8), g);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = round_bf(round_bf(v[j] * inv) * w[j]) * silu(g[j]);
+        *reinterpret_cast<uint4*>(xs + c * 8) = pack_bf8(v);
     }
 }
 
 template <typename Enc>
 __device__ __forceinline__ void gnorm_body(const GatedArgs& a) {
-    row_product<Enc>(a.g, [&](bf16* xs) { fill_gated(xs, a); }, [](int, float) {});
+    row_product<Enc>(a.g, [&](bf16* xs, float (&red)[2][FUSED_MAX_K / 8]) { fill_gated(xs, red, a); }, [](int, float) {});
 }
 
 #define NINFER_FUSED(name, Enc)                                                                          \

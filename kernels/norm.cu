@@ -64,10 +64,8 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_add_rms_norm(NormArgs a
         unpack_bf8(*reinterpret_cast<const uint4*>(h + c * 8), v);
         unpack_bf8(ldg16(d + c * 8), dv);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            v[i] = round_bf(v[i] + dv[i]);
-            ss += v[i] * v[i];
-        }
+        for (int i = 0; i < 8; ++i) v[i] = round_bf(v[i] + dv[i]);
+        ss += sq8(v);
         *reinterpret_cast<uint4*>(h + c * 8) = pack_bf8(v);
     }
     const float inv = rsqrtf(warp_sum1(ss) / (float)a.dim + a.eps);

@@ -4,14 +4,24 @@
 #pragma once
 #include "common.cuh"
 
-// 1 / sqrt(mean(x^2) + eps) of a row of `dim` (a multiple of 8), over the calling warp.
+// The sum of squares of one 8-element chunk, in element order: the partial every norm of the
+// model sums (rms.cuh's order), so that the one-warp norms and the block-wide ones of fused.cu
+// give the same bits.
+__device__ __forceinline__ float sq8(const float (&v)[8]) {
+    float p = v[0] * v[0];
+#pragma unroll
+    for (int i = 1; i < 8; ++i) p = fmaf(v[i], v[i], p);
+    return p;
+}
+
+// 1 / sqrt(mean(x^2) + eps) of a row of `dim` (a multiple of 8), over the calling warp: lane l
+// sums the partials of chunks l, l + 32, ... in order, then the warp sums the lanes (warp_sum1).
 __device__ __forceinline__ float inv_rms(const bf16* x, int dim, float eps, int lane) {
     float ss = 0.f;
     for (int c = lane; c < dim / 8; c += NINFER_WARP) {
         float v[8];
         unpack_bf8(ldg16(x + c * 8), v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+        ss += sq8(v);
     }
     return rsqrtf(warp_sum1(ss) / (float)dim + eps);
 }
