@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The figures of docs/performance.md in one command, on a machine with an NVIDIA GPU and ninfer
 # (built with the `cuda` feature) importable: the synthetic Qwen3.6-35B-A3B in the reference
-# recipe, `ninfer bench` at the default figures, tg128 after a 32k-token prompt, and the
-# kernel-by-kernel profile of one decode step. Everything goes to one log (and JSON beside it).
+# recipe, `ninfer bench` at the default figures, tg128 after a 32k-token prompt, the
+# kernel-by-kernel profile of one decode step, and (where torch is installed) the CUPTI trace of
+# the decode step as the engine runs it (scripts/decode_trace.py). Everything goes to one log
+# (and JSON beside it).
 #
 # Usage: scripts/gpu_bench.sh [--model FILE] [--log FILE] [--reps N] [--skip-long]
 #   --model  an artifact to measure (default: synthesised once into $TMPDIR/ninfer-q36.ninfer)
@@ -19,7 +21,7 @@ while [ $# -gt 0 ]; do
         --log) log=$2; shift ;;
         --reps) reps=$2; shift ;;
         --skip-long) long=0 ;;
-        -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -44,6 +46,11 @@ fi
 # The bench's JSON goes to its own file and into the log.
 step bench sh -c '"$@" > "$0" && cat "$0"' "$base.bench.json" "${ninfer[@]}" bench "$model" --device cuda --reps "$reps" --json
 step profile "${ninfer[@]}" bench "$model" --profile
+if python3 -c "import torch" 2>/dev/null; then
+    step trace python3 "$(dirname "$0")/decode_trace.py" "$model" --json "$base.trace.json"
+else
+    echo "== trace: skipped (no torch for its profiler)" | tee -a "$log"
+fi
 if [ $long -eq 1 ]; then
     # tg128 after a 32k-token prompt (prefilled in the engine's chunks), and pp8192 beside it.
     step long "${ninfer[@]}" bench "$model" --device cuda --reps 1 --prefill 8192 --concurrency 1 --tg-prompt 32768
