@@ -86,12 +86,7 @@ impl KernelSet {
         y: &mut impl DevicePtrMut<O>,
         a_out: Option<&mut CudaViewMut<'_, bf16>>,
     ) -> Result<()> {
-        let kernel = match w.encoding() {
-            Encoding::Bf16 => Kernel::GemvBf16NormB1,
-            Encoding::Q8G32 => Kernel::GemvQ8NormB1,
-            other => return Err(Check::new(Kernel::GemvQ8NormB1).fail(format!("no normed gemv for {other:?}"))),
-        };
-        let c = Check::new(kernel);
+        let c = fused_check(w, (Kernel::GemvBf16NormB1, Kernel::GemvQ8NormB1), "normed")?;
         let (yl, (yp, _gy)) = (y.len(), dptr_mut(y, stream));
         c.len("y", yl, w.rows)?;
         self.launch_normed(&c, stream, w, (x, norm_w, eps), (yp, O::IS_F32), a_out, |args| args)
@@ -148,12 +143,7 @@ impl KernelSet {
         a_out: Option<&mut CudaViewMut<'_, bf16>>,
         conv: ConvTail,
     ) -> Result<()> {
-        let kernel = match w.encoding() {
-            Encoding::Bf16 => Kernel::GemvBf16NormConvB1,
-            Encoding::Q8G32 => Kernel::GemvQ8NormConvB1,
-            other => return Err(Check::new(Kernel::GemvQ8NormConvB1).fail(format!("no normed gemv for {other:?}"))),
-        };
-        let c = Check::new(kernel);
+        let c = fused_check(w, (Kernel::GemvBf16NormConvB1, Kernel::GemvQ8NormConvB1), "normed")?;
         let ch = conv.w.len() / GDN_CONV_WIDTH;
         c.ensure(ch > 0 && conv.lo + ch <= w.rows, || format!("conv rows {}..{} of {} rows", conv.lo, conv.lo + ch, w.rows))?;
         c.ensure(conv.state.len().is_multiple_of((GDN_CONV_WIDTH - 1) * ch), || format!("conv state of {} for {ch} channels", conv.state.len()))?;
@@ -184,12 +174,7 @@ impl KernelSet {
         y: &mut impl DevicePtrMut<bf16>,
         accumulate: bool,
     ) -> Result<()> {
-        let kernel = match w.encoding() {
-            Encoding::Bf16 => Kernel::GemvBf16GnormB1,
-            Encoding::Q8G32 => Kernel::GemvQ8GnormB1,
-            other => return Err(Check::new(Kernel::GemvQ8GnormB1).fail(format!("no gated-norm gemv for {other:?}"))),
-        };
-        let c = Check::new(kernel);
+        let c = fused_check(w, (Kernel::GemvBf16GnormB1, Kernel::GemvQ8GnormB1), "gated-norm")?;
         c.ensure(w.experts == 1, || format!("gemv takes one matrix, got a bank of {}", w.experts))?;
         c.ensure(w.cols <= NORM_MAX_K, || format!("a normed row has at most {NORM_MAX_K} columns, got {}", w.cols))?;
         c.ensure(dim > 0 && dim.is_multiple_of(8) && w.cols.is_multiple_of(dim), || format!("{} columns are not heads of {dim} (a multiple of 8)", w.cols))?;
@@ -207,8 +192,8 @@ impl KernelSet {
             c.aligned(what, p, 16)?;
         }
         let g = GemvArgs { m, x: xp, y: yp, batch: 1, ldx: c.i32("cols", w.cols)?, ldy: c.i32("rows", w.rows)?, out_f32: 0, accumulate: accumulate as i32, pad: 0 };
-        let cfg = LaunchConfig { grid_dim: (self.row_grid(kernel, w.rows)?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        self.launch_struct(stream, kernel, cfg, &GatedArgs { g, z: zp, norm_w: np, dim: c.i32("dim", dim)?, eps })
+        let cfg = LaunchConfig { grid_dim: (self.row_grid(c.kernel, w.rows)?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        self.launch_struct(stream, c.kernel, cfg, &GatedArgs { g, z: zp, norm_w: np, dim: c.i32("dim", dim)?, eps })
     }
 
     /// `y = bf16(y + bf16(x·Wᵀ))` for `batch` rows: a projection added into the residual stream
@@ -224,6 +209,16 @@ impl KernelSet {
         ldy: usize,
     ) -> Result<()> {
         self.gemv_with(stream, w, x, batch, ldx, y, ldy, true)
+    }
+}
+
+/// The check of a fused product over `w`: its bf16 or its q8_g32 kernel, the only encodings
+/// fused.cu has.
+fn fused_check(w: &MatrixView, (bf16, q8): (Kernel, Kernel), what: &str) -> Result<Check> {
+    match w.encoding() {
+        Encoding::Bf16 => Ok(Check::new(bf16)),
+        Encoding::Q8G32 => Ok(Check::new(q8)),
+        other => Err(Check::new(q8).fail(format!("no {what} gemv for {other:?}"))),
     }
 }
 
