@@ -1,9 +1,10 @@
 // Products of one row (a single-token pass) with the small launches around them folded in, so
 // that a decode step has fewer launches. Each is ninfer_gemv_<enc>_b1 of gemv.cu (GemvArgs,
-// accumulate included; one output row per warp; block 256, grid ceil(N / 8)) whose input row a
-// is built first by every block in shared memory from the launch's own inputs, K = m.cols <= 8192
-// (16 KiB of static shared memory), K % 8 == 0 on top of the encoding's multiple; some add an
-// epilogue on each output. Every fused kernel gives the bits of the launches it replaces, whose
+// accumulate included; one output row per warp; block 256, grid at most ceil(N / 8), warps
+// streaming several rows when smaller) whose input row a is built first by every block in
+// shared memory from the launch's own inputs, K = m.cols <= 8192 (up to 24 KiB of static
+// shared memory), K % 8 == 0 on top of the encoding's multiple; some add an epilogue on each
+// output. Every fused kernel gives the bits of the launches it replaces, whose
 // shared pieces (rms.cuh, route.cuh, conv.cuh) it calls. Encodings: bf16 and q8_g32.
 //
 // ninfer_gemv_<enc>_norm_b1  (GemvNormArgs)
@@ -69,8 +70,9 @@ __device__ __forceinline__ float inv_from_parts(const float* part, int c0, int n
 
 // The product of the row that `fill` builds in shared memory, each warp taking rows
 // blockIdx.x * 8 + warp + k * gridDim.x * 8 (a grid of fewer blocks than ceil(N / 8) streams
-// several rows per warp), then `epi(row, v)` by lane 0 of each row's warp after its store (v: the f32 sum times the row's multiplier). No early return:
-// the block synchronises on the row, and the router kernel after this. Building the row once
+// several rows per warp), then `epi(row, v)` by lane 0 of each row's warp after its store (v:
+// the f32 sum times the row's multiplier). No early return: the block synchronises on the
+// row, and the router kernel after this. Building the row once
 // per block, not per element inside the dot product, keeps the product bound by its weights:
 // the per-element norm made the GDN input projection 50 % slower (decode profile of commit
 // d85f2b4, H200).

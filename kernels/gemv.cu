@@ -6,7 +6,9 @@
 //   x: bf16 [batch, ldx]; W: one matrix (m.experts == 1) decoded per format.md, nvfp4 including
 //   its per-segment global; f32 accumulation; y [batch, ldy] written as bf16 (rounded once) or f32
 //   (out_f32); with accumulate (bf16 y), the sum r is added instead: y = bf16(y + bf16(r)), the
-//   residual add in the model dtype. Launch: block 256 = 8 warps, one output row per warp, grid ceil(N / 8).
+//   residual add in the model dtype. Launch: block 256 = 8 warps, one output row per warp at a
+//   time, grid ceil(N / 8) or fewer blocks: warp w of block b takes rows 8b + w + 8k * gridDim.x
+//   (gemv.cuh's RowStream), so a grid of the device's resident blocks streams a long matrix.
 //   K must be a multiple of 8 (bf16), 32 (q8_g32, q4_g32, nvfp4) or 64 (q6_g64): whole 16-byte
 //   chunks per lane and whole scale groups. Every weight row and x row must start 16-byte
 //   aligned. y must not alias x or W.
