@@ -175,25 +175,18 @@ impl KernelSet {
         accumulate: bool,
     ) -> Result<()> {
         let c = fused_check(w, (Kernel::GemvBf16GnormB1, Kernel::GemvQ8GnormB1), "gated-norm")?;
-        c.ensure(w.experts == 1, || format!("gemv takes one matrix, got a bank of {}", w.experts))?;
-        c.ensure(w.cols <= NORM_MAX_K, || format!("a normed row has at most {NORM_MAX_K} columns, got {}", w.cols))?;
         c.ensure(dim > 0 && dim.is_multiple_of(8) && w.cols.is_multiple_of(dim), || format!("{} columns are not heads of {dim} (a multiple of 8)", w.cols))?;
-        let (xl, zl, nl, yl) = (x.len(), z.len(), norm_w.len(), y.len());
-        c.len("x", xl, w.cols)?;
+        let (zl, nl, yl) = (z.len(), norm_w.len(), y.len());
         c.len("z", zl, w.cols)?;
         c.len("norm_w", nl, dim)?;
         c.len("y", yl, w.rows)?;
-        let (m, _gm) = w.mat_args(&c, stream)?;
-        let (xp, _gx) = dptr(x, stream);
         let (zp, _gz) = dptr(z, stream);
         let (np, _gn) = dptr(norm_w, stream);
         let (yp, _gy) = dptr_mut(y, stream);
-        for (what, p) in [("x", xp), ("z", zp), ("norm_w", np)] {
-            c.aligned(what, p, 16)?;
-        }
-        let g = GemvArgs { m, x: xp, y: yp, batch: 1, ldx: c.i32("cols", w.cols)?, ldy: c.i32("rows", w.rows)?, out_f32: 0, accumulate: accumulate as i32, pad: 0 };
-        let cfg = LaunchConfig { grid_dim: (self.row_grid(c.kernel, w.rows)?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        self.launch_struct(stream, c.kernel, cfg, &GatedArgs { g, z: zp, norm_w: np, dim: c.i32("dim", dim)?, eps })
+        c.aligned("z", zp, 16)?;
+        c.aligned("norm_w", np, 16)?;
+        let dim = c.i32("dim", dim)?;
+        self.launch_row(&c, stream, w, x, (yp, false, accumulate), |g| GatedArgs { g, z: zp, norm_w: np, dim, eps })
     }
 
     /// `y = bf16(y + bf16(x·Wᵀ))` for `batch` rows: a projection added into the residual stream
@@ -227,8 +220,7 @@ const NORM_MAX_K: usize = 8192;
 
 impl KernelSet {
     /// Checks and launches a normed one-row product writing `y` (its device address, and whether
-    /// it is f32), one warp per row as the b1 product; `args` wraps the product's arguments
-    /// into the kernel's.
+    /// it is f32); `args` wraps the product's arguments into the kernel's.
     fn launch_normed<'s, A: DeviceRepr>(
         &self,
         c: &Check,
@@ -239,15 +231,9 @@ impl KernelSet {
         a_out: Option<&'s mut CudaViewMut<'_, bf16>>,
         args: impl FnOnce(GemvNormArgs) -> A,
     ) -> Result<()> {
-        c.ensure(w.experts == 1, || format!("gemv takes one matrix, got a bank of {}", w.experts))?;
-        c.ensure(w.cols <= NORM_MAX_K, || format!("a normed row has at most {NORM_MAX_K} columns, got {}", w.cols))?;
-        let (xl, nl) = (x.len(), norm_w.len());
-        let (m, _gm) = w.mat_args(c, stream)?;
-        let (xp, _gx) = dptr(x, stream);
+        let nl = norm_w.len();
         let (np, _gn) = dptr(norm_w, stream);
-        c.len("x", xl, w.cols)?;
         c.len("norm_w", nl, w.cols)?;
-        c.aligned("x", xp, 16)?;
         c.aligned("norm_w", np, 16)?;
         let (ap, _ga) = match a_out {
             Some(a) => {
@@ -258,8 +244,31 @@ impl KernelSet {
             }
             None => (0, None),
         };
-        let g = GemvArgs { m, x: xp, y: yp, batch: 1, ldx: c.i32("cols", w.cols)?, ldy: c.i32("rows", w.rows)?, out_f32: y_f32 as i32, accumulate: 0, pad: 0 };
-        let cfg = LaunchConfig { grid_dim: (self.row_grid(c.kernel, w.rows)?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        self.launch_struct(stream, c.kernel, cfg, &args(GemvNormArgs { g, norm_w: np, a_out: ap, eps, pad: 0 }))
+        self.launch_row(c, stream, w, x, (yp, y_f32, false), |g| args(GemvNormArgs { g, norm_w: np, a_out: ap, eps, pad: 0 }))
+    }
+
+    /// The checks and launch every fused.cu kernel shares: one matrix of at most NORM_MAX_K
+    /// columns, one input row `x`, output `y` (its device address, whether it is f32, whether
+    /// the product is added into it), one warp per row on `row_grid`; `args` wraps the
+    /// product's arguments into the kernel's.
+    fn launch_row<A: DeviceRepr>(
+        &self,
+        c: &Check,
+        stream: &CudaStream,
+        w: &MatrixView,
+        x: &impl DevicePtr<bf16>,
+        (yp, y_f32, accumulate): (u64, bool, bool),
+        args: impl FnOnce(GemvArgs) -> A,
+    ) -> Result<()> {
+        c.ensure(w.experts == 1, || format!("gemv takes one matrix, got a bank of {}", w.experts))?;
+        c.ensure(w.cols <= NORM_MAX_K, || format!("a normed row has at most {NORM_MAX_K} columns, got {}", w.cols))?;
+        let xl = x.len();
+        let (m, _gm) = w.mat_args(c, stream)?;
+        let (xp, _gx) = dptr(x, stream);
+        c.len("x", xl, w.cols)?;
+        c.aligned("x", xp, 16)?;
+        let g = GemvArgs { m, x: xp, y: yp, batch: 1, ldx: c.i32("cols", w.cols)?, ldy: c.i32("rows", w.rows)?, out_f32: y_f32 as i32, accumulate: accumulate as i32, pad: 0 };
+        let cfg = LaunchConfig { grid_dim: (self.row_grid(c.kernel, w.rows), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        self.launch_struct(stream, c.kernel, cfg, &args(g))
     }
 }

@@ -337,9 +337,8 @@ impl KernelSet {
     /// block per 8 rows, but no more blocks than the device holds at once, so that a long
     /// matrix is streamed by resident warps that take several rows each (gemv.cuh's
     /// `RowStream`) instead of by waves of blocks that each wait out their loads and exit.
-    pub(crate) fn row_grid(&self, kernel: Kernel, rows: usize) -> Result<u32> {
-        let per_sm = self.function(kernel).occupancy_max_active_blocks_per_multiprocessor(256, 0, None)?;
-        Ok(blocks(rows, ROWS_PER_BLOCK).min((per_sm as usize * self.num_sms()).max(1) as u32))
+    pub(crate) fn row_grid(&self, kernel: Kernel, rows: usize) -> u32 {
+        blocks(rows, ROWS_PER_BLOCK).min(self.resident_256(kernel))
     }
 }
 
@@ -406,7 +405,7 @@ impl KernelSet {
         let mma = matches!(c.kernel, Kernel::GemvQ8MmaB8 | Kernel::GemvQ8MmaB16 | Kernel::GemvBf16MmaB8 | Kernel::GemvBf16MmaB16);
         c.ensure(!mma || w.cols.is_multiple_of(32), || format!("cols {} not a multiple of 32 (tensor-core gemv)", w.cols))?;
         let cfg = LaunchConfig {
-            grid_dim: (if mma { blocks(w.rows, 16) } else { self.row_grid(c.kernel, w.rows)? }, 1, 1),
+            grid_dim: (if mma { blocks(w.rows, 16) } else { self.row_grid(c.kernel, w.rows) }, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };

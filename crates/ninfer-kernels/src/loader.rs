@@ -60,6 +60,8 @@ pub struct KernelSet {
     capability: (i32, i32),
     num_sms: usize,
     functions: Vec<CudaFunction>,
+    /// Per kernel, the blocks of 256 threads the device holds at once (occupancy x SMs).
+    resident_256: Vec<u32>,
     _modules: Vec<Arc<CudaModule>>,
 }
 
@@ -136,6 +138,10 @@ impl KernelSet {
             )?;
             functions.push(func);
         }
+        let resident_256 = functions
+            .iter()
+            .map(|f| Ok(f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)? * num_sms.max(1) as u32))
+            .collect::<Result<Vec<u32>>>()?;
         Ok(Self {
             ctx: ctx.clone(),
             image: kind,
@@ -143,8 +149,14 @@ impl KernelSet {
             capability: (major, minor),
             num_sms: num_sms.max(1) as usize,
             functions,
+            resident_256,
             _modules: modules.into_iter().map(|(_, m)| m).collect(),
         })
+    }
+
+    /// The blocks of 256 threads of `k` that the device holds at once (at least one).
+    pub(crate) fn resident_256(&self, k: Kernel) -> u32 {
+        self.resident_256[k.index()].max(1)
     }
 
     /// The resolved function of a kernel.
