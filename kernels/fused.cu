@@ -2,7 +2,7 @@
 // that a decode step has fewer launches. Each is ninfer_gemv_<enc>_b1 of gemv.cu (GemvArgs,
 // accumulate included; one output row per warp; block 256, grid at most ceil(N / 8), warps
 // streaming several rows when smaller) whose input row a is built first by every block in
-// shared memory from the launch's own inputs, K = m.cols <= 8192 (up to 24 KiB of static
+// shared memory from the launch's own inputs, K = m.cols <= 8192 (up to 20 KiB of static
 // shared memory), K % 8 == 0 on top of the encoding's multiple; some add an epilogue on each
 // output. Every fused kernel gives the bits of the launches it replaces, whose
 // shared pieces (rms.cuh, route.cuh, conv.cuh) it calls. Encodings: bf16 and q8_g32.
@@ -36,38 +36,6 @@
 #define FUSED_THREADS 256
 #define FUSED_PER (FUSED_MAX_K / 8 / FUSED_THREADS)  // 8-element chunks of the row per thread
 
-// The first step of every fill: thread i loads chunks i, i + 256, ... of the row x once (all in
-// flight together, each with `also(c)` to ask for what goes with it) and puts each chunk's
-// sum of squares (sq8) in part[c]; the norms then sum the partials in rms.cuh's order, so a
-// block-wide norm costs one round trip to memory and gives a one-warp norm's bits.
-template <typename Also>
-__device__ __forceinline__ void load_row(uint4 (&xr)[FUSED_PER], const bf16* x, int nch, float* part, Also also) {
-#pragma unroll
-    for (int i = 0; i < FUSED_PER; ++i) {
-        const int c = threadIdx.x + FUSED_THREADS * i;
-        if (c < nch) {
-            xr[i] = ldg16(x + c * 8);
-            also(c);
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < FUSED_PER; ++i) {
-        const int c = threadIdx.x + FUSED_THREADS * i;
-        if (c < nch) {
-            float v[8];
-            unpack_bf8(xr[i], v);
-            part[c] = sq8(v);
-        }
-    }
-}
-
-// inv_rms's value from the partials of chunks [c0, c0 + n), by the calling warp.
-__device__ __forceinline__ float inv_from_parts(const float* part, int c0, int n, int dim, float eps, int lane) {
-    float ss = 0.f;
-    for (int c = lane; c < n; c += NINFER_WARP) ss += part[c0 + c];
-    return rsqrtf(warp_sum1(ss) / (float)dim + eps);
-}
-
 // The product of the row that `fill` builds in shared memory, each warp taking rows
 // blockIdx.x * 8 + warp + k * gridDim.x * 8 (a grid of fewer blocks than ceil(N / 8) streams
 // several rows per warp), then `epi(row, v)` by lane 0 of each row's warp after its store (v:
@@ -80,7 +48,6 @@ template <typename Enc, typename Fill, typename Epi>
 __device__ __forceinline__ void row_product(const GemvArgs& a, Fill fill, Epi epi) {
     constexpr int CH = Enc::CHUNK;
     __shared__ __align__(16) bf16 xs[FUSED_MAX_K];
-    __shared__ float red[2][FUSED_MAX_K / 8];
     grid_release();
     const int lane = threadIdx.x & 31;
     const int row0 = blockIdx.x * 8 + (threadIdx.x >> 5);
@@ -88,7 +55,7 @@ __device__ __forceinline__ void row_product(const GemvArgs& a, Fill fill, Epi ep
     RowStream<Enc, 4> rs;
     rs.start(a.m, row0, gridDim.x * 8, lane);
     grid_wait();
-    fill(xs, red);
+    fill(xs);
     __syncthreads();
     float acc = 0.f;
     rs.each(
@@ -114,18 +81,41 @@ struct GemvNormArgs {
 };
 static_assert(sizeof(GemvNormArgs) == 112, "mirrored in crates/ninfer-kernels/src/fused.rs");
 
-// The zero-centred norm of x into xs (and a_out from block 0), each element as norm.cu rounds it.
-__device__ __forceinline__ void fill_norm(bf16* xs, float (&red)[2][FUSED_MAX_K / 8], const GemvNormArgs& na) {
+// The zero-centred norm of x into xs (and a_out from block 0), each element as norm.cu rounds it,
+// in one round trip to memory: thread i loads chunks i, i + 256, ... of x once, their sums of
+// squares (sq8) meet in shared memory, and warp 0 sums them in rms.cuh's order (lane l the
+// chunks l, l + 32, ..., then the warp), so the block-wide norm gives the one-warp norm's bits.
+__device__ __forceinline__ void fill_norm(bf16* xs, const GemvNormArgs& na) {
+    __shared__ float part[FUSED_MAX_K / 8];
+    __shared__ float inv_s;
     const int k = na.g.m.cols, nch = k / 8;
     uint4 xr[FUSED_PER];
-    load_row(xr, na.g.x, nch, red[0], [&](int c) { prefetch_l1(na.norm_w + c * 8); });
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        const float inv = inv_from_parts(red[0], 0, nch, k, na.eps, threadIdx.x);
-        if (threadIdx.x == 0) red[1][0] = inv;
+#pragma unroll
+    for (int i = 0; i < FUSED_PER; ++i) {
+        const int c = threadIdx.x + FUSED_THREADS * i;
+        if (c < nch) {
+            xr[i] = ldg16(na.g.x + c * 8);
+            prefetch_l1(na.norm_w + c * 8);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < FUSED_PER; ++i) {
+        const int c = threadIdx.x + FUSED_THREADS * i;
+        if (c < nch) {
+            float v[8];
+            unpack_bf8(xr[i], v);
+            part[c] = sq8(v);
+        }
     }
     __syncthreads();
-    const float inv = red[1][0];
+    if (threadIdx.x < 32) {
+        float ss = 0.f;
+        for (int c = threadIdx.x; c < nch; c += NINFER_WARP) ss += part[c];
+        ss = warp_sum1(ss);
+        if (threadIdx.x == 0) inv_s = rsqrtf(ss / (float)k + na.eps);
+    }
+    __syncthreads();
+    const float inv = inv_s;
     bf16* a_out = blockIdx.x == 0 ? na.a_out : nullptr;
 #pragma unroll
     for (int i = 0; i < FUSED_PER; ++i) {
@@ -144,7 +134,7 @@ __device__ __forceinline__ void fill_norm(bf16* xs, float (&red)[2][FUSED_MAX_K 
 
 template <typename Enc>
 __device__ __forceinline__ void gemv_norm_body(const GemvNormArgs& na) {
-    row_product<Enc>(na.g, [&](bf16* xs, float (&red)[2][FUSED_MAX_K / 8]) { fill_norm(xs, red, na); }, [](int, float) {});
+    row_product<Enc>(na.g, [&](bf16* xs) { fill_norm(xs, na); }, [](int, float) {});
 }
 
 struct RouterArgs {
@@ -189,7 +179,7 @@ static_assert(sizeof(NormConvArgs) == 152, "mirrored in crates/ninfer-kernels/sr
 
 template <typename Enc>
 __device__ __forceinline__ void norm_conv_body(const NormConvArgs& a) {
-    row_product<Enc>(a.n.g, [&](bf16* xs, float (&red)[2][FUSED_MAX_K / 8]) { fill_norm(xs, red, a.n); }, [&](int row, float v) {
+    row_product<Enc>(a.n.g, [&](bf16* xs) { fill_norm(xs, a.n); }, [&](int row, float v) {
         const int c = row - a.lo;
         if (c < 0 || c >= a.channels) return;
         const size_t C = a.channels;
@@ -235,7 +225,7 @@ __device__ __forceinline__ void fill_gated(bf16* xs, const GatedArgs& a) {
 
 template <typename Enc>
 __device__ __forceinline__ void gnorm_body(const GatedArgs& a) {
-    row_product<Enc>(a.g, [&](bf16* xs, float (&)[2][FUSED_MAX_K / 8]) { fill_gated(xs, a); }, [](int, float) {});
+    row_product<Enc>(a.g, [&](bf16* xs) { fill_gated(xs, a); }, [](int, float) {});
 }
 
 #define NINFER_FUSED(name, Enc)                                                                          \
