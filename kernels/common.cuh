@@ -90,13 +90,14 @@ __device__ __forceinline__ float e4m3_to_f(uint8_t b) {
     return __half2float(__half(h));
 }
 
-// Two E2M1 codes in one byte (element 2j low nibble, 2j+1 high nibble) -> two f16 values equal
-// to E2M1 * 2^-14, exactly: the 3 magnitude bits land on f16 exponent bits 11..10 and mantissa
-// bit 9, so normal codes become normal f16 values and code 001 (0.5) becomes an f16 subnormal,
-// all with the same 2^-14 factor. The caller multiplies by 2^14 once per scale block.
-__device__ __forceinline__ __half2 e2m1x2_to_h2_scaled(uint32_t byte) {
-    const uint32_t y = byte * 0x1001u;  // copy of the byte 12 bits up, no overlap
-    const uint32_t bits = ((y << 9) & 0x0e000e00u) | ((y << 12) & 0x80008000u);
+// Two E2M1 codes, in bits 0-3 and 16-19 of `t`, -> two f16 values equal to E2M1 * 2^-14,
+// exactly: each 16-bit lane puts its nibble's 3 magnitude bits on f16 exponent bits 11..10 and
+// mantissa bit 9 and its sign bit on bit 15, so normal codes become normal f16 values and code
+// 001 (0.5) becomes an f16 subnormal, all with the same 2^-14 factor. The caller multiplies by
+// 2^14 once per scale block. A packed word shifted right by 4p gives elements p and p + 4 of
+// its 8 (element 2b in the low nibble of byte b): no byte is taken apart.
+__device__ __forceinline__ __half2 e2m1_pair_to_h2_scaled(uint32_t t) {
+    const uint32_t bits = ((t << 9) & 0x0e000e00u) | ((t << 12) & 0x80008000u);
     return *reinterpret_cast<const __half2*>(&bits);
 }
 

@@ -186,10 +186,10 @@ struct EncNvfp4 {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float2 f = __half22float2(e2m1x2_to_h2_scaled((q[j] >> (8 * i)) & 0xffu));
-                w[8 * j + 2 * i] = f.x;
-                w[8 * j + 2 * i + 1] = f.y;
+            for (int p = 0; p < 4; ++p) {
+                const float2 f = __half22float2(e2m1_pair_to_h2_scaled(q[j] >> (4 * p)));
+                w[8 * j + p] = f.x;
+                w[8 * j + p + 4] = f.y;
             }
         }
     }
