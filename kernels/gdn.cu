@@ -1,7 +1,7 @@
 // Gated DeltaNet pieces of the linear-attention layers (model-spec.md 2.4), for batches of
 // sequences laid out back to back: sequence s owns tokens [cu[s], cu[s+1]) and the state slot
-// slot[s]. Multi-token sequences are processed token by token (the exact recurrence; the
-// chunked form is a prefill optimisation with the same result up to rounding).
+// slot[s]. ninfer_gdn_recurrent walks a sequence's tokens one by one (decode);
+// ninfer_gdn_chunked computes the same recurrence 32 tokens at a time (prompts).
 //
 // ninfer_gdn_conv  (step 2: causal depthwise conv, kernel 4, no bias, then SiLU)
 //   x: bf16 [T, ldx], channel c of token t at x[t*ldx + c], C channels (the in_proj_qkv output);
@@ -22,6 +22,8 @@
 //   out: bf16 [T, Hv, dv] dense, o rounded once.
 //   Limits: dk % 8 == 0, dk <= 128, Hv % Hk == 0.
 //   Launch: block 256 = 32 value columns x 8 key slices, grid (ceil(dv / 32), Hv, seqs).
+//
+// ninfer_gdn_chunked  (steps 3-7, the same arguments, contract and limits; see its comment)
 #include "conv.cuh"
 
 struct ConvArgs {
@@ -183,5 +185,230 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_gdn_recurrent(RecArgs a
 #pragma unroll
         for (int i = 0; i < GDN_KPT; ++i)
             if (i < kpt) st[(size_t)(k0 + i) * a.dv + j] = S[i];
+    }
+}
+
+// Chunked form of the same recurrence (FLA's WY form, model-spec.md 2.4), for prompts: the
+// tokens of a sequence are taken 32 at a time. With G_t the running sum of log-decays inside
+// the chunk (G_t = sum_{s<=t} g_s) and S0 the state at the chunk's start, the deltas of the
+// chunk solve one triangular system and the outputs and next state follow from products:
+//   (I + A) D = R,  A[t][r] = beta_t exp(G_t - G_r) k^_t.k^_r  (r < t),
+//                    R[t]    = beta_t (v_t - exp(G_t) S0^T k^_t)
+//   o_t = exp(G_t) S0^T q^_t + sum_{r<=t} exp(G_t - G_r) (q^_t.k^_r) D[r]
+//   S   = exp(G_31) S0 + sum_r exp(G_31 - G_r) k^_r D[r]^T
+// Every exponent is <= 0, so nothing overflows however strong the decay. The result equals
+// ninfer_gdn_recurrent's up to f32 rounding (products summed in another order, exp(G) from
+// summed logs rather than multiplied decays); tokens past a sequence's end get beta = 0, g = 0.
+// Launch: block 256, grid (ceil(dv / 32), Hv, seqs), dynamic shared memory
+// gdn_chunk_smem(dk) floats x 4 bytes. Each block owns 32 value columns of one head, whose
+// state it keeps in shared memory; the columns of the delta rule evolve independently.
+#define GDN_CHUNK 32
+#define GDN_LDS 36  // row stride of the state and delta tiles: float4 rows without conflicts
+
+// Layout of the dynamic shared memory, in floats (dk % 8 == 0, so every tile is 16-byte aligned).
+struct ChunkSmem {
+    float* k;   // [32][dk + 4] normalised keys k^
+    float* q;   // [32][dk + 4] normalised, scaled queries q^
+    float* s;   // [dk][GDN_LDS] state columns of the block
+    float* d;   // [32][GDN_LDS] R, then the deltas D
+    float* a;   // [32][GDN_LDS] A (strictly lower)
+    float* m;   // [32][33] exp(G_t - G_r) q^_t.k^_r (lower with diagonal)
+    float* g;   // [32] G_t
+    float* w;   // [32] exp(G_31 - G_t)
+    float* beta;  // [32]
+};
+
+__device__ __forceinline__ ChunkSmem chunk_smem(float* base, int dk) {
+    ChunkSmem c;
+    c.k = base;
+    c.q = c.k + GDN_CHUNK * (dk + 4);
+    c.s = c.q + GDN_CHUNK * (dk + 4);
+    c.d = c.s + dk * GDN_LDS;
+    c.a = c.d + GDN_CHUNK * GDN_LDS;
+    c.m = c.a + GDN_CHUNK * GDN_LDS;
+    c.g = c.m + GDN_CHUNK * 33;
+    c.w = c.g + GDN_CHUNK;
+    c.beta = c.w + GDN_CHUNK;
+    return c;
+}
+
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float comp(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+extern "C" __global__ void __launch_bounds__(256) ninfer_gdn_chunked(RecArgs a) {
+    grid_release();
+    grid_wait();
+    extern __shared__ float4 smem_chunk[];
+    const int dk = a.dk, ldk = dk + 4;
+    const ChunkSmem sm = chunk_smem(reinterpret_cast<float*>(smem_chunk), dk);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = blockIdx.y, s = blockIdx.z, j0 = blockIdx.x * 32;
+    const int kh = h / (a.hv / a.hk);
+    const int t0 = a.cu[s], t1 = a.cu[s + 1];
+    float* gst = a.state + ((size_t)a.slot[s] * a.hv + h) * dk * a.dv;
+    for (int i = threadIdx.x; i < dk * 32; i += blockDim.x) {
+        const int k = i >> 5, c = i & 31;
+        sm.s[k * GDN_LDS + c] = j0 + c < a.dv ? gst[(size_t)k * a.dv + j0 + c] : 0.f;
+    }
+    const float neg_a = -expf(a.a_log[h]);
+    const float dtb = a.dt_bias[h];
+    const float qscale = rsqrtf((float)dk);
+    const int t = lane;        // chunk row of this thread in the 32 x 32 products
+    const int j4 = warp * 4;   // its 4 value columns (block-relative)
+    for (int c0 = t0; c0 < t1; c0 += GDN_CHUNK) {
+        const int n = min(GDN_CHUNK, t1 - c0);
+        // 1. q^, k^ (f32) and the gates of the chunk's tokens; warp w takes rows w, w + 8, ...
+        for (int r = warp; r < GDN_CHUNK; r += 8) {
+            const bf16* row = a.qkv + (size_t)(c0 + r) * a.ld_qkv;
+            float sq = 0.f, sk = 0.f;
+            for (int i = lane; i < dk; i += 32) {
+                const float q = r < n ? bf2f(row[kh * dk + i]) : 0.f;
+                const float k = r < n ? bf2f(row[a.hk * dk + kh * dk + i]) : 0.f;
+                sm.q[r * ldk + i] = q;
+                sm.k[r * ldk + i] = k;
+                sq += q * q;
+                sk += k * k;
+            }
+            const float rq = rsqrtf(warp_sum1(sq) + 1e-6f) * qscale;
+            const float rk = rsqrtf(warp_sum1(sk) + 1e-6f);
+            for (int i = lane; i < dk; i += 32) {
+                sm.q[r * ldk + i] *= rq;
+                sm.k[r * ldk + i] *= rk;
+            }
+            if (lane == 0) {
+                const size_t gi = (size_t)(c0 + r) * a.ld_ba + h;
+                sm.beta[r] = r < n ? round_bf(sigmoid(bf2f(a.b[gi]))) : 0.f;
+                sm.g[r] = r < n ? neg_a * softplus(bf2f(a.a[gi]) + dtb) : 0.f;
+            }
+        }
+        __syncthreads();
+        if (warp == 0) {  // G_t: inclusive scan of the log-decays
+            float g = sm.g[lane];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float up = __shfl_up_sync(0xffffffffu, g, o);
+                if (lane >= o) g += up;
+            }
+            sm.g[lane] = g;
+            sm.w[lane] = expf(__shfl_sync(0xffffffffu, g, 31) - g);
+        }
+        __syncthreads();
+        const float gt = sm.g[t], bt = sm.beta[t], et = expf(gt);
+        // 2. A and M (rows t, columns 4 * warp ..), then R and exp(G_t) S0^T q^_t (rows t,
+        //    this warp's 4 columns); all read the chunk-start state.
+        {
+            const int r0 = warp * 4;
+            float kk[4] = {0.f, 0.f, 0.f, 0.f}, qk[4] = {0.f, 0.f, 0.f, 0.f};
+            for (int i = 0; i < dk; i += 4) {
+                const float4 kt = ld4(sm.k + t * ldk + i), qt = ld4(sm.q + t * ldk + i);
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const float4 kr = ld4(sm.k + (r0 + r) * ldk + i);
+                    kk[r] += kt.x * kr.x + kt.y * kr.y + kt.z * kr.z + kt.w * kr.w;
+                    qk[r] += qt.x * kr.x + qt.y * kr.y + qt.z * kr.z + qt.w * kr.w;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int rr = r0 + r;
+                const float decay = rr <= t ? expf(gt - sm.g[rr]) : 0.f;
+                sm.a[t * GDN_LDS + rr] = rr < t ? bt * decay * kk[r] : 0.f;
+                sm.m[t * 33 + rr] = decay * qk[r];
+            }
+        }
+        float o[4] = {0.f, 0.f, 0.f, 0.f};
+        {
+            float ks[4] = {0.f, 0.f, 0.f, 0.f};
+            for (int i = 0; i < dk; i += 4) {
+                const float4 kt = ld4(sm.k + t * ldk + i), qt = ld4(sm.q + t * ldk + i);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float4 sv = ld4(sm.s + (i + e) * GDN_LDS + j4);
+                    const float ke = comp(kt, e), qe = comp(qt, e);
+                    ks[0] += ke * sv.x;
+                    ks[1] += ke * sv.y;
+                    ks[2] += ke * sv.z;
+                    ks[3] += ke * sv.w;
+                    o[0] += qe * sv.x;
+                    o[1] += qe * sv.y;
+                    o[2] += qe * sv.z;
+                    o[3] += qe * sv.w;
+                }
+            }
+            const bf16* vrow = a.qkv + (size_t)(c0 + t) * a.ld_qkv + 2 * a.hk * dk + h * a.dv;
+            float4 rv;
+            float* rp = reinterpret_cast<float*>(&rv);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int j = j0 + j4 + c;
+                const float v = t < n && j < a.dv ? bf2f(vrow[j]) : 0.f;
+                rp[c] = bt * (v - et * ks[c]);
+                o[c] *= et;
+            }
+            *reinterpret_cast<float4*>(sm.d + t * GDN_LDS + j4) = rv;
+        }
+        __syncthreads();
+        // 3. D = (I + A)^-1 R by forward substitution: one warp, a value column per lane.
+        if (warp == 0) {
+            float dcol[GDN_CHUNK];
+#pragma unroll
+            for (int r = 0; r < GDN_CHUNK; ++r) {
+                float acc[4] = {sm.d[r * GDN_LDS + lane], 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int p = 0; p < (r & ~3); p += 4) {
+                    const float4 ar = ld4(sm.a + r * GDN_LDS + p);
+                    acc[0] -= ar.x * dcol[p];
+                    acc[1] -= ar.y * dcol[p + 1];
+                    acc[2] -= ar.z * dcol[p + 2];
+                    acc[3] -= ar.w * dcol[p + 3];
+                }
+#pragma unroll
+                for (int p = r & ~3; p < r; ++p) acc[0] -= sm.a[r * GDN_LDS + p] * dcol[p];
+                dcol[r] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+                sm.d[r * GDN_LDS + lane] = dcol[r];
+            }
+        }
+        __syncthreads();
+        // 4. Outputs of rows t, columns j4..j4+3.
+        for (int r = 0; r < GDN_CHUNK; ++r) {
+            const float mr = sm.m[t * 33 + r];
+            const float4 dr = ld4(sm.d + r * GDN_LDS + j4);
+            o[0] += mr * dr.x;
+            o[1] += mr * dr.y;
+            o[2] += mr * dr.z;
+            o[3] += mr * dr.w;
+        }
+        if (t < n) {
+            bf16* orow = a.out + ((size_t)(c0 + t) * a.hv + h) * a.dv;
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                if (j0 + j4 + c < a.dv) orow[j0 + j4 + c] = f2bf(o[c]);
+        }
+        // 5. Next state: rows lane + 32 i, columns j4..j4+3.
+        const float eg = expf(sm.g[GDN_CHUNK - 1]);
+#pragma unroll
+        for (int i = 0; i < GDN_MAX_DK / 32; ++i) {
+            const int k = lane + 32 * i;
+            if (k >= dk) break;
+            float4 acc = ld4(sm.s + k * GDN_LDS + j4);
+            acc.x *= eg;
+            acc.y *= eg;
+            acc.z *= eg;
+            acc.w *= eg;
+            for (int r = 0; r < GDN_CHUNK; ++r) {
+                const float kw = sm.k[r * ldk + k] * sm.w[r];
+                const float4 dr = ld4(sm.d + r * GDN_LDS + j4);
+                acc.x += kw * dr.x;
+                acc.y += kw * dr.y;
+                acc.z += kw * dr.z;
+                acc.w += kw * dr.w;
+            }
+            *reinterpret_cast<float4*>(sm.s + k * GDN_LDS + j4) = acc;
+        }
+        __syncthreads();  // the next chunk rewrites every tile
+    }
+    for (int i = threadIdx.x; i < dk * 32; i += blockDim.x) {
+        const int k = i >> 5, c = i & 31;
+        if (j0 + c < a.dv) gst[(size_t)k * a.dv + j0 + c] = sm.s[k * GDN_LDS + c];
     }
 }

@@ -71,6 +71,29 @@ struct RecArgs {
 }
 device_args!(RecArgs, 104);
 
+/// How [`KernelSet::gdn_delta`] walks a sequence's tokens; both give the recurrence's result
+/// up to f32 rounding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeltaForm {
+    /// One token after the other (`ninfer_gdn_recurrent`): decode and short rows.
+    Recurrent,
+    /// 32 tokens at a time through one triangular solve and matrix products
+    /// (`ninfer_gdn_chunked`): prompts.
+    Chunked,
+}
+
+/// Tokens per chunk of the chunked form (`GDN_CHUNK` in kernels/gdn.cu).
+pub const GDN_CHUNK: usize = 32;
+
+/// Dynamic shared memory of `ninfer_gdn_chunked` (`ChunkSmem` in kernels/gdn.cu): keys and
+/// queries `[32][dk + 4]`, the state tile `[dk][36]`, the delta and A tiles `[32][36]`, the M
+/// tile `[32][33]` and three vectors of 32, all f32.
+fn chunk_smem_bytes(dk: usize) -> u32 {
+    let floats =
+        2 * GDN_CHUNK * (dk + 4) + dk * 36 + 2 * GDN_CHUNK * 36 + GDN_CHUNK * 33 + 3 * GDN_CHUNK;
+    (floats * 4) as u32
+}
+
 /// Width of the conv kernel the GDN kernels implement (`linear_conv_kernel`).
 pub const GDN_CONV_WIDTH: usize = 4;
 /// Largest key head dim of the recurrence kernel.
@@ -147,11 +170,13 @@ impl KernelSet {
     }
 
     /// Gates, q/k L2 norm and the delta-rule recurrence (see kernels/gdn.cu) for every token of
-    /// every sequence, continuing from and updating the f32 state `[slots, Hv, dk, dv]`.
-    /// `qkv` is the conv output `[tokens, ld_qkv]`, `b` and `a` the raw per-value-head logits
-    /// `[tokens, ld_ba]`, `a_log` and `dt_bias` f32 `[Hv]`; `out` is dense bf16 `[tokens, Hv, dv]`.
-    pub fn gdn_recurrent(
+    /// every sequence, continuing from and updating the f32 state `[slots, Hv, dk, dv]`, in the
+    /// given `form`. `qkv` is the conv output `[tokens, ld_qkv]`, `b` and `a` the raw
+    /// per-value-head logits `[tokens, ld_ba]`, `a_log` and `dt_bias` f32 `[Hv]`; `out` is dense
+    /// bf16 `[tokens, Hv, dv]`.
+    pub fn gdn_delta(
         &self,
+        form: DeltaForm,
         stream: &CudaStream,
         qkv: &impl DevicePtr<bf16>,
         ld_qkv: usize,
@@ -166,7 +191,10 @@ impl KernelSet {
         dims: GdnDims,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
-        let c = Check::new(Kernel::GdnRecurrent);
+        let c = Check::new(match form {
+            DeltaForm::Recurrent => Kernel::GdnRecurrent,
+            DeltaForm::Chunked => Kernel::GdnChunked,
+        });
         batch.check(&c)?;
         let GdnDims { hk, hv, dk, dv } = dims;
         c.ensure(dk.is_multiple_of(8) && dk > 0 && dk <= GDN_MAX_DK, || {
@@ -222,7 +250,10 @@ impl KernelSet {
         let cfg = LaunchConfig {
             grid_dim: (blocks(dv, 32), hv as u32, batch.seqs as u32),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: match form {
+                DeltaForm::Recurrent => 0,
+                DeltaForm::Chunked => chunk_smem_bytes(dk),
+            },
         };
         self.launch_struct(stream, c.kernel, cfg, &args)
     }

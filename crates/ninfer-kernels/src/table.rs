@@ -85,6 +85,7 @@ kernel_table! {
     QkNormRope => "rope", "ninfer_qk_norm_rope";
     GdnConv => "gdn", "ninfer_gdn_conv";
     GdnRecurrent => "gdn", "ninfer_gdn_recurrent";
+    GdnChunked => "gdn", "ninfer_gdn_chunked";
     KvWrite => "attention", "ninfer_kv_write";
     Attention => "attention", "ninfer_attention";
     AttentionCombine => "attention", "ninfer_attention_combine";

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use ninfer_kernels::cudarc::driver::{sys::CUevent_flags, CudaStream};
 use ninfer_kernels::{
-    attention_workspace_len, AttentionBatch, GdnDims, HeadLayout, PagedKv, SamplingRow, SeqSlots,
+    attention_workspace_len, AttentionBatch, DeltaForm, GdnDims, HeadLayout, PagedKv, SamplingRow,
+    SeqSlots,
 };
 
 use crate::common::*;
@@ -288,7 +289,7 @@ fn bench_attention_gdn_sample() {
         dv: 128,
     };
     let c = dims.conv_channels();
-    for &t in &[1usize, 512] {
+    for &t in &[1usize, 8, 16, 32, 512, 4096] {
         let qkv = up(&s, &rng.bf16s(t * c, 0.5));
         let ba = up(&s, &rng.bf16s(t * 64, 1.0));
         let (al, dt) = (up(&s, &rng.f32s(32, 0.5)), up(&s, &rng.f32s(32, 0.5)));
@@ -302,22 +303,28 @@ fn bench_attention_gdn_sample() {
         };
         let mut o = nan_bf16(&s, t * 32 * 128);
         let (bv, av) = (ba.slice(..), ba.slice(32..));
-        let ms = time_ms(&s, 10, || {
-            g.ks.gdn_recurrent(
-                &s, &qkv, c, &bv, &av, 64, &al, &dt, &mut st, 1, &batch, dims, &mut o,
-            )
-            .unwrap()
-        });
-        report(
-            &format!("gdn_recurrent tokens={t}"),
-            ms,
-            if t == 1 {
-                2.0 * 32.0 * 128.0 * 128.0 * 4.0
-            } else {
-                0.0
-            },
-        );
-        assert!(down(&s, &o).iter().all(|v| v.is_finite()));
+        for form in [DeltaForm::Recurrent, DeltaForm::Chunked] {
+            let ms = time_ms(&s, 10, || {
+                g.ks.gdn_delta(
+                    form, &s, &qkv, c, &bv, &av, 64, &al, &dt, &mut st, 1, &batch, dims, &mut o,
+                )
+                .unwrap()
+            });
+            report(
+                &format!("gdn {form:?} tokens={t}"),
+                ms,
+                if t == 1 {
+                    2.0 * 32.0 * 128.0 * 128.0 * 4.0
+                } else {
+                    0.0
+                },
+            );
+            assert!(down(&s, &o).iter().all(|v| v.is_finite()));
+        }
+        // The conv at the two lengths a decode and a prompt chunk have.
+        if t != 1 && t != 512 {
+            continue;
+        }
         let w = up(&s, &rng.bf16s(c * 4, 0.5));
         let mut cs = up(&s, &vec![ninfer_kernels::bf16::ZERO; 3 * c]);
         let mut y = nan_bf16(&s, t * c);

@@ -1,6 +1,6 @@
 //! gdn.cu: causal conv with state, and the gated delta-rule recurrence.
 
-use ninfer_kernels::{bf16, GdnDims, SeqSlots};
+use ninfer_kernels::{bf16, DeltaForm, GdnDims, SeqSlots};
 
 use crate::common::*;
 
@@ -134,7 +134,9 @@ fn ref_recurrent(
     }
 }
 
-fn recurrent_case(d: GdnDims, lens: &[usize], seed: u64) {
+/// One launch of `form` over sequences of `lens` tokens against the f64 recurrence; `a_log`
+/// values near `decay_scale` make the decays strong (chunk sums of log-decays in the thousands).
+fn delta_case(form: DeltaForm, d: GdnDims, lens: &[usize], decay_scale: f32, seed: u64) {
     let Some(g) = gpu() else { return };
     let s = g.stream();
     let mut rng = Rng::new(seed);
@@ -150,7 +152,11 @@ fn recurrent_case(d: GdnDims, lens: &[usize], seed: u64) {
     let ld_ba = 2 * d.hv;
     let qkv = rng.bf16s(tokens * ld, 0.6);
     let ba = rng.bf16s(tokens * ld_ba, 1.5);
-    let a_log = rng.f32s(d.hv, 0.7);
+    let a_log: Vec<f32> = rng
+        .f32s(d.hv, 0.7)
+        .iter()
+        .map(|v| v + decay_scale)
+        .collect();
     let dt_bias = rng.f32s(d.hv, 0.7);
     let per_slot = d.hv * d.dk * d.dv;
     let state = rng.f32s(num_slots * per_slot, 0.05);
@@ -169,8 +175,9 @@ fn recurrent_case(d: GdnDims, lens: &[usize], seed: u64) {
         slots: dsl.slice(..),
     };
     let (bview, aview) = (dba.slice(..), dba.slice(d.hv..));
-    g.ks.gdn_recurrent(
-        &s, &dqkv, ld, &bview, &aview, ld_ba, &dal, &ddt, &mut dst, num_slots, &batch, d, &mut dout,
+    g.ks.gdn_delta(
+        form, &s, &dqkv, ld, &bview, &aview, ld_ba, &dal, &ddt, &mut dst, num_slots, &batch, d,
+        &mut dout,
     )
     .unwrap();
 
@@ -195,55 +202,55 @@ fn recurrent_case(d: GdnDims, lens: &[usize], seed: u64) {
             &mut want,
         );
     }
-    let name = format!("gdn_recurrent {d:?} lens={lens:?}");
+    let name = format!("gdn {form:?} {d:?} lens={lens:?} decay {decay_scale}");
     assert_close(&name, &to_f32(&down(&s, &dout)), &want, 1e-2);
     assert_close(&format!("{name} state"), &down(&s, &dst), &want_state, 1e-4);
 }
 
+const SMALL: GdnDims = GdnDims {
+    hk: 2,
+    hv: 4,
+    dk: 32,
+    dv: 32,
+};
+/// Fewer value columns than a block's 32 and more, dk not a multiple of 32.
+const ODD: GdnDims = GdnDims {
+    hk: 1,
+    hv: 3,
+    dk: 24,
+    dv: 40,
+};
+const MODEL: GdnDims = GdnDims {
+    hk: 16,
+    hv: 32,
+    dk: 128,
+    dv: 128,
+};
+
 #[test]
 fn recurrent_small_heads_multi_token() {
-    recurrent_case(
-        GdnDims {
-            hk: 2,
-            hv: 4,
-            dk: 32,
-            dv: 32,
-        },
-        &[3, 1, 6],
-        810,
-    );
-    recurrent_case(
-        GdnDims {
-            hk: 1,
-            hv: 3,
-            dk: 24,
-            dv: 40,
-        },
-        &[2],
-        811,
-    );
+    delta_case(DeltaForm::Recurrent, SMALL, &[3, 1, 6], 0.0, 810);
+    delta_case(DeltaForm::Recurrent, ODD, &[2], 0.0, 811);
 }
 
 #[test]
 fn recurrent_model_dims() {
-    recurrent_case(
-        GdnDims {
-            hk: 16,
-            hv: 32,
-            dk: 128,
-            dv: 128,
-        },
-        &[1],
-        812,
-    );
-    recurrent_case(
-        GdnDims {
-            hk: 16,
-            hv: 32,
-            dk: 128,
-            dv: 128,
-        },
-        &[4, 1],
-        813,
-    );
+    delta_case(DeltaForm::Recurrent, MODEL, &[1], 0.0, 812);
+    delta_case(DeltaForm::Recurrent, MODEL, &[4, 1], 0.0, 813);
+}
+
+#[test]
+fn chunked_matches_the_recurrence() {
+    // Partial chunks, one-token rows and several chunks in one sequence.
+    delta_case(DeltaForm::Chunked, SMALL, &[3, 1, 70, 32], 0.0, 814);
+    delta_case(DeltaForm::Chunked, ODD, &[33, 5], 0.0, 815);
+    delta_case(DeltaForm::Chunked, MODEL, &[300, 1, 17], 0.0, 816);
+}
+
+#[test]
+fn chunked_strong_decay_stays_finite() {
+    // exp(a_log) ~ 50: each token's decay is near exp(-50) and a chunk's sum reaches -1,600;
+    // every exponent the kernel takes is a difference of sums, never their raw value.
+    delta_case(DeltaForm::Chunked, SMALL, &[64, 7], 4.0, 817);
+    delta_case(DeltaForm::Chunked, MODEL, &[96], 4.0, 818);
 }

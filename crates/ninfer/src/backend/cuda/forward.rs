@@ -15,7 +15,7 @@ use std::sync::Arc;
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use ninfer_kernels::{
-    AttentionBatch, ConvTail, GdnDims, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
+    AttentionBatch, ConvTail, DeltaForm, GdnDims, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
     GEMV_MAX_BATCH, GROUPED_MAX_TOKENS,
 };
 
@@ -26,6 +26,10 @@ use super::plan::PassMeta;
 use super::profile::Profiler;
 use super::weights::{Arena, AttnW, DevMat, GdnW, MixerW, ModelW, MoeW, SharedW, Span};
 use super::{drv, kern, BackendError};
+
+/// The longest sequence segment of a pass from which the GDN recurrence runs in its chunked
+/// form: below it, walking the tokens one by one costs less than a chunk of 32.
+const CHUNKED_MIN_TOKENS: usize = 8;
 
 /// Everything a pass reads and never writes.
 pub(super) struct Ctx<'a> {
@@ -325,15 +329,17 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, met
         cx.ks.gdn_conv(cx.s, &qkv, ld, &conv_w, cd, &mut st.conv[gi], d.slots, &batch, &mut ws.conv, cd).map_err(kern)?;
         cx.mark("gdn_conv", meta.seqs * 2 * (GDN_CONV_WIDTH - 1) * cd * 2);
     }
-    // Steps 3-7: gates, q/k norms and the recurrence per token.
+    // Steps 3-7: gates, q/k norms and the recurrence, token by token or in chunks.
     let dims = GdnDims { hk: cx.cfg.linear_num_key_heads, hv, dk: d.dk, dv: d.dv };
     let (a_log, dt_bias) = (cx.arena.f32(g.a_log), cx.arena.f32(g.dt_bias));
     let alpha = ba.slice(hv..);
+    let form = if meta.max_q >= CHUNKED_MIN_TOKENS { DeltaForm::Chunked } else { DeltaForm::Recurrent };
     cx.ks
-        .gdn_recurrent(cx.s, &ws.conv, cd, &ba, &alpha, ba_ld, &a_log, &dt_bias, &mut st.rec[gi], d.slots, &batch, dims, &mut ws.mix)
+        .gdn_delta(form, cx.s, &ws.conv, cd, &ba, &alpha, ba_ld, &a_log, &dt_bias, &mut st.rec[gi], d.slots, &batch, dims, &mut ws.mix)
         .map_err(kern)?;
     // The f32 state of each sequence is read and written once per launch.
-    cx.mark("gdn_recurrent", meta.seqs * 2 * hv * d.dk * d.dv * 4);
+    let label = if form == DeltaForm::Chunked { "gdn_chunked" } else { "gdn_recurrent" };
+    cx.mark(label, meta.seqs * 2 * hv * d.dk * d.dv * 4);
     // Step 8: gated RMSNorm per value head with z, then the output projection. A stacked z is
     // read in place from the projection rows, so the norm writes to the z buffer instead. A
     // single token's output projection norms its own input when it adds into h.
