@@ -3,7 +3,8 @@
 # executables built elsewhere: installs the wheel into a private folder, synthesises the
 # Qwen3.6-35B-A3B artifact in the background while scripts/gpu_test.sh runs (kernel tests with
 # their timings, the ninfer CUDA tests, pytest -m gpu), then runs scripts/gpu_bench.sh. Writes
-# two logs, test.log and bench.log (plus the bench JSON), into OUT_DIR.
+# two logs, test.log and bench.log (plus the bench JSON), into OUT_DIR, and every test's own
+# log packed as test-logs.tar.xz.
 #
 # Usage: scripts/gpu_all.sh WHEEL_DIR TEST_BIN_DIR OUT_DIR
 #   WHEEL_DIR     holds one ninfer wheel built with `--features cuda`
@@ -25,11 +26,12 @@ fi
 logs=$(mktemp -d)
 "$root/scripts/gpu_test.sh" --bench --logs "$logs" "$bins" > "$out/test.log" 2>&1
 echo "gpu_test.sh exit $?" >> "$out/test.log"
-# The failing tests' own words, since the per-test logs stay behind.
+# The failing tests' own words up front (every test's whole log is in test-logs.tar.xz).
 for f in $(grep -l "panicked\|^FAILED\|Error" "$logs"/*.log 2>/dev/null); do
     echo "-- $(basename "$f")"
     grep -E "panicked|^E |^FAILED|assert" "$f" | head -n 12
 done >> "$out/test.log"
+tar -cJf "$out/test-logs.tar.xz" -C "$logs" .
 wait
 tr '\r' '\n' < "$synth_log" | tail -n 1 >> "$out/test.log"
 "$root/scripts/gpu_bench.sh" --model "$model" --log "$out/bench.log" --reps 2

@@ -78,12 +78,16 @@ pub enum DeltaForm {
     /// One token after the other (`ninfer_gdn_recurrent`): decode and short rows.
     Recurrent,
     /// 32 tokens at a time through one triangular solve and matrix products
-    /// (`ninfer_gdn_chunked`): prompts.
+    /// (`ninfer_gdn_chunked`): prompts. Chunks of fewer than [`GDN_CHUNK_MIN`] tokens are
+    /// walked as `Recurrent` walks them, to the bit.
     Chunked,
 }
 
-/// Tokens per chunk of the chunked form (`GDN_CHUNK` in kernels/gdn.cu).
+/// Tokens per chunk of the chunked form (`GDN_CHUNK` in kernels/gdn.cu); chunks start at each
+/// sequence's first token of the launch.
 pub const GDN_CHUNK: usize = 32;
+/// The shortest chunk the chunked form computes as a chunk (`GDN_CHUNK_MIN`).
+pub const GDN_CHUNK_MIN: usize = 12;
 
 /// Dynamic shared memory of `ninfer_gdn_chunked` (`ChunkSmem` in kernels/gdn.cu): keys and
 /// queries `[32][dk + 4]`, the state tile `[dk][36]`, the delta and A tiles `[32][36]`, the M

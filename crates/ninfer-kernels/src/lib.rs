@@ -51,7 +51,7 @@ pub use experts::GROUPED_MAX_TOKENS;
 #[cfg(feature = "build-cubins")]
 pub use fused::ConvTail;
 #[cfg(feature = "build-cubins")]
-pub use gdn::{DeltaForm, GdnDims, SeqSlots, GDN_CHUNK, GDN_CONV_WIDTH, GDN_MAX_DK};
+pub use gdn::{DeltaForm, GdnDims, SeqSlots, GDN_CHUNK, GDN_CHUNK_MIN, GDN_CONV_WIDTH, GDN_MAX_DK};
 #[cfg(feature = "build-cubins")]
 pub use gemv::{GemvOut, MatrixView, Weights, GEMV_MAX_BATCH};
 #[cfg(feature = "build-cubins")]

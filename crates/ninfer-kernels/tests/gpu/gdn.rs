@@ -134,10 +134,23 @@ fn ref_recurrent(
     }
 }
 
-/// One launch of `form` over sequences of `lens` tokens against the f64 recurrence; `a_log`
-/// values near `decay_scale` make the decays strong (chunk sums of log-decays in the thousands).
-fn delta_case(form: DeltaForm, d: GdnDims, lens: &[usize], decay_scale: f32, seed: u64) {
-    let Some(g) = gpu() else { return };
+/// Inputs of one recurrence launch and what the launch gave: bf16 outputs and the f32 state of
+/// every slot.
+struct DeltaRun {
+    qkv: Vec<bf16>,
+    ba: Vec<bf16>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+    state: Vec<f32>,
+    cu: Vec<i32>,
+    slots: Vec<i32>,
+    out: Vec<bf16>,
+    state_after: Vec<f32>,
+}
+
+/// One launch of `form` over sequences of `lens` tokens on inputs drawn from `seed`; `a_log`
+/// values near `decay_scale` make the decays strong.
+fn delta_run(g: &Gpu, form: DeltaForm, d: GdnDims, lens: &[usize], decay_scale: f32, seed: u64) -> DeltaRun {
     let s = g.stream();
     let mut rng = Rng::new(seed);
     let tokens: usize = lens.iter().sum();
@@ -158,8 +171,7 @@ fn delta_case(form: DeltaForm, d: GdnDims, lens: &[usize], decay_scale: f32, see
         .map(|v| v + decay_scale)
         .collect();
     let dt_bias = rng.f32s(d.hv, 0.7);
-    let per_slot = d.hv * d.dk * d.dv;
-    let state = rng.f32s(num_slots * per_slot, 0.05);
+    let state = rng.f32s(num_slots * d.hv * d.dk * d.dv, 0.05);
     let mut cu = vec![0i32];
     for &l in lens {
         cu.push(cu.last().unwrap() + l as i32);
@@ -180,14 +192,33 @@ fn delta_case(form: DeltaForm, d: GdnDims, lens: &[usize], decay_scale: f32, see
         &mut dout,
     )
     .unwrap();
+    let (out, state_after) = (down(&s, &dout), down(&s, &dst));
+    DeltaRun {
+        qkv,
+        ba,
+        a_log,
+        dt_bias,
+        state,
+        cu,
+        slots,
+        out,
+        state_after,
+    }
+}
 
-    let (qkvf, baf) = (to_f32(&qkv), to_f32(&ba));
-    let mut want_state = state.clone();
-    let mut want = vec![0f32; tokens * d.hv * d.dv];
-    for sq in 0..seqs {
-        let slot = slots[sq] as usize;
+/// [`delta_run`] against the f64 recurrence.
+fn delta_case(form: DeltaForm, d: GdnDims, lens: &[usize], decay_scale: f32, seed: u64) {
+    let Some(g) = gpu() else { return };
+    let r = delta_run(g, form, d, lens, decay_scale, seed);
+    let (ld, ld_ba) = (d.conv_channels() + 8, 2 * d.hv);
+    let per_slot = d.hv * d.dk * d.dv;
+    let (qkvf, baf) = (to_f32(&r.qkv), to_f32(&r.ba));
+    let mut want_state = r.state.clone();
+    let mut want = vec![0f32; r.out.len()];
+    for sq in 0..lens.len() {
+        let slot = r.slots[sq] as usize;
         let st = &mut want_state[slot * per_slot..(slot + 1) * per_slot];
-        let range = cu[sq] as usize..cu[sq + 1] as usize;
+        let range = r.cu[sq] as usize..r.cu[sq + 1] as usize;
         ref_recurrent(
             d,
             &qkvf,
@@ -195,16 +226,16 @@ fn delta_case(form: DeltaForm, d: GdnDims, lens: &[usize], decay_scale: f32, see
             &baf,
             &baf[d.hv..],
             ld_ba,
-            &a_log,
-            &dt_bias,
+            &r.a_log,
+            &r.dt_bias,
             st,
             range,
             &mut want,
         );
     }
     let name = format!("gdn {form:?} {d:?} lens={lens:?} decay {decay_scale}");
-    assert_close(&name, &to_f32(&down(&s, &dout)), &want, 1e-2);
-    assert_close(&format!("{name} state"), &down(&s, &dst), &want_state, 1e-4);
+    assert_close(&name, &to_f32(&r.out), &want, 1e-2);
+    assert_close(&format!("{name} state"), &r.state_after, &want_state, 1e-4);
 }
 
 const SMALL: GdnDims = GdnDims {
@@ -245,6 +276,19 @@ fn chunked_matches_the_recurrence() {
     delta_case(DeltaForm::Chunked, SMALL, &[3, 1, 70, 32], 0.0, 814);
     delta_case(DeltaForm::Chunked, ODD, &[33, 5], 0.0, 815);
     delta_case(DeltaForm::Chunked, MODEL, &[300, 1, 17], 0.0, 816);
+}
+
+#[test]
+fn chunked_walks_short_chunks_as_the_recurrence() {
+    // Every chunk below GDN_CHUNK_MIN tokens: both forms give the same bits.
+    let Some(g) = gpu() else { return };
+    let runs: Vec<_> = [DeltaForm::Recurrent, DeltaForm::Chunked]
+        .into_iter()
+        .map(|form| delta_run(g, form, MODEL, &[1, 11, 5], 0.0, 819))
+        .collect();
+    assert!(runs[1].out.iter().all(|v| v.is_finite()));
+    assert_eq!(runs[0].out, runs[1].out, "outputs differ");
+    assert_eq!(runs[0].state_after, runs[1].state_after, "states differ");
 }
 
 #[test]

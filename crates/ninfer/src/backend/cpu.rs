@@ -10,7 +10,7 @@
 use crate::artifact::Artifact;
 use crate::model::{ForwardOut, LogitRows, Model, ModelConfig, ModelError, MtpState, SeqState};
 
-use super::{Backend, BackendError, KvPool, RowLogits, SlotId, StepInput};
+use super::{Backend, BackendError, KvPool, RowLogits, RowOutput, SlotId, StepInput};
 
 /// Positions per KV page. Only an accounting unit here (see the module comment); small so that
 /// rounding wastes little of a small pool in tests.
@@ -33,14 +33,6 @@ impl Default for CpuOptions {
     fn default() -> Self {
         CpuOptions { max_slots: 4, max_context: 4096, mtp: false, kv_capacity: None }
     }
-}
-
-/// Logits of a row plus the final-normed hidden state of each of its tokens.
-#[derive(Debug, Clone)]
-pub struct RowOutput {
-    pub logits: RowLogits,
-    /// `tokens × H`, row-major.
-    pub hidden: Vec<f32>,
 }
 
 struct Slot {

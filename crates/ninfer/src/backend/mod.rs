@@ -100,6 +100,15 @@ pub struct RowLogits {
     pub token: Option<u32>,
 }
 
+/// Logits of a row plus the final-normed hidden state of each of its tokens (the MTP input),
+/// from the `step_with_hidden` and `mtp_step` of the backends that have an MTP block.
+#[derive(Debug, Clone)]
+pub struct RowOutput {
+    pub logits: RowLogits,
+    /// `tokens × H`, row-major.
+    pub hidden: Vec<f32>,
+}
+
 pub trait Backend: Send {
     fn config(&self) -> &ModelConfig;
     /// A short name for logs and `doctor` ("cpu", "cuda:0 NVIDIA H200").

@@ -132,6 +132,7 @@ mod cuda {
             max_step_tokens: opts.prefill_chunk + opts.max_concurrency,
             kv_capacity: opts.kv_capacity,
             graphs: true,
+            mtp: false,
         };
         let b = CudaBackend::open(art, o).map_err(|e| EngineError::Unsupported(format!("device `cuda`: {e}")))?;
         Ok(Box::new(b))

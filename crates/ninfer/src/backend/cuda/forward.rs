@@ -15,7 +15,7 @@ use std::sync::Arc;
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use ninfer_kernels::{
-    AttentionBatch, ConvTail, DeltaForm, GdnDims, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
+    AttentionBatch, ConvTail, DeltaForm, GdnDims, GDN_CHUNK_MIN, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
     GEMV_MAX_BATCH, GROUPED_MAX_TOKENS,
 };
 
@@ -24,12 +24,8 @@ use crate::model::ModelConfig;
 use super::memory::{Dims, States, Workspace, GROUPED_MIN_TOKENS, LOGIT_ROWS, PAGE};
 use super::plan::PassMeta;
 use super::profile::Profiler;
-use super::weights::{Arena, AttnW, DevMat, GdnW, MixerW, ModelW, MoeW, SharedW, Span};
+use super::weights::{Arena, AttnW, DevMat, GdnW, LayerW, MixerW, ModelW, MoeW, SharedW, Span};
 use super::{drv, kern, BackendError};
-
-/// The longest sequence segment of a pass from which the GDN recurrence runs in its chunked
-/// form: below it, walking the tokens one by one costs less than a chunk of 32.
-const CHUNKED_MIN_TOKENS: usize = 8;
 
 /// Everything a pass reads and never writes.
 pub(super) struct Ctx<'a> {
@@ -45,7 +41,7 @@ pub(super) struct Ctx<'a> {
 
 impl Ctx<'_> {
     /// Closes a profiled span: the launches since the previous mark, which move `bytes`.
-    fn mark(&self, label: &'static str, bytes: usize) {
+    pub fn mark(&self, label: &'static str, bytes: usize) {
         if let Some(p) = self.prof {
             p.borrow_mut().mark(label, bytes);
         }
@@ -53,8 +49,8 @@ impl Ctx<'_> {
 }
 
 /// The pass's tables as device views (offsets of plan.rs's `MetaLayout`).
-struct Tables<'a> {
-    ids: CudaView<'a, i32>,
+pub(super) struct Tables<'a> {
+    pub ids: CudaView<'a, i32>,
     pos: CudaView<'a, i32>,
     kv_rows: CudaView<'a, i32>,
     zeros: CudaView<'a, i32>,
@@ -64,8 +60,25 @@ struct Tables<'a> {
     block_table: CudaView<'a, i32>,
 }
 
+impl<'a> Tables<'a> {
+    pub fn of(d: &Dims, tables: &'a CudaSlice<i32>, meta: &PassMeta) -> Self {
+        let (t, seqs, ml) = (meta.tokens, meta.seqs, d.meta());
+        let view = |off: usize, n: usize| tables.slice(off..off + n);
+        Tables {
+            ids: view(ml.ids(), t),
+            pos: view(ml.pos(), t),
+            kv_rows: view(ml.kv_rows(), t),
+            zeros: view(ml.zeros(), t),
+            cu: view(ml.cu(), seqs + 1),
+            slots: view(ml.slots(), seqs),
+            kv_len: view(ml.kv_len(), seqs),
+            block_table: view(ml.block_table(), seqs * meta.bt_stride),
+        }
+    }
+}
+
 /// y[r] = x[r]·Wᵀ for `rows` rows, at most 16 per launch; profiled as `label`.
-fn linear<O: GemvOut>(
+pub(super) fn linear<O: GemvOut>(
     cx: &Ctx,
     label: &'static str,
     w: &DevMat,
@@ -201,67 +214,64 @@ pub(super) fn fetch(cx: &Ctx, ws: &mut Workspace, out: &mut Fetch, c0: usize, rc
 /// Every launch of a pass up to the final norm: stream-ordered work only, with no host
 /// synchronisation or copy, so that a decode pass can be captured as a CUDA graph.
 pub(super) fn body(cx: &Ctx, st: &mut States, ws: &mut Workspace, tables: &CudaSlice<i32>, meta: &PassMeta) -> Result<(), BackendError> {
-    let d = cx.dims;
-    let (t, h) = (meta.tokens, d.h);
-    let eps = cx.cfg.rms_norm_eps;
-    let ml = d.meta();
-    let seqs = meta.seqs;
-    let view = |off: usize, n: usize| tables.slice(off..off + n);
-    let tb = Tables {
-        ids: view(ml.ids(), t),
-        pos: view(ml.pos(), t),
-        kv_rows: view(ml.kv_rows(), t),
-        zeros: view(ml.zeros(), t),
-        cu: view(ml.cu(), seqs + 1),
-        slots: view(ml.slots(), seqs),
-        kv_len: view(ml.kv_len(), seqs),
-        block_table: view(ml.block_table(), seqs * meta.bt_stride),
-    };
-    let rows = Rows::dense(t, h);
-
+    let (t, h) = (meta.tokens, cx.dims.h);
+    let tb = Tables::of(cx.dims, tables, meta);
     // h₀ = Embed[token].
     cx.ks.embed(cx.s, &cx.arena.mat(&cx.model.embed), &tb.ids, t, &mut ws.h, h).map_err(kern)?;
     cx.mark("embed", 0);
     let (mut gi, mut ai) = (0, 0);
     for lw in &cx.model.layers {
-        // a = RMSNorm_in(h); delta = Mixer(a); h += delta; a = RMSNorm_post(h); h += MoE(a).
-        // A single-token pass launches neither norm on its own: the mixer's first projection
-        // norms h (and stores a for the others), its output projection adds into h, and the
-        // router product norms h again (storing a for the experts).
-        let first = match &lw.mixer {
-            MixerW::Gdn(g) => g.stack.as_ref().map_or(&g.qkv, |s| &s.m),
-            MixerW::Attn(at) => &at.q,
+        let index = match lw.mixer {
+            MixerW::Gdn(_) => &mut gi,
+            MixerW::Attn(_) => &mut ai,
         };
-        let router = lw.moe.router_gate.as_ref().unwrap_or(&lw.moe.router);
-        let fuse = Fuse {
-            norm_in: (t == 1 && first.takes_norm()).then_some(lw.attn_norm),
-            add_out: t == 1 && router.takes_norm(),
-        };
-        if fuse.norm_in.is_none() {
-            cx.ks.rms_norm(cx.s, &ws.h, rows, &cx.arena.bf16(lw.attn_norm), &mut ws.a, rows, eps).map_err(kern)?;
-            cx.mark("rms_norm", 0);
-        }
-        match &lw.mixer {
-            MixerW::Gdn(g) => {
-                gdn(cx, g, st, ws, &tb, meta, gi, fuse)?;
-                gi += 1;
-            }
-            MixerW::Attn(at) => {
-                attention(cx, at, st, ws, &tb, meta, ai, fuse)?;
-                ai += 1;
-            }
-        }
-        if !fuse.add_out {
-            let moe_norm = cx.arena.bf16(lw.moe_norm);
-            cx.ks.add_rms_norm(cx.s, &mut ws.h, &ws.delta, rows, &moe_norm, &mut ws.a, rows, eps).map_err(kern)?;
-            cx.mark("add_rms_norm", 0);
-        }
-        moe(cx, &lw.moe, ws, &tb, t, fuse.add_out.then_some(lw.moe_norm))?;
+        layer(cx, lw, st, ws, &tb, meta, *index)?;
+        *index += 1;
     }
-    // Final norm; the head reads its rows from `ws.a`.
-    cx.ks.rms_norm(cx.s, &ws.h, rows, &cx.arena.bf16(cx.model.final_norm), &mut ws.a, rows, eps).map_err(kern)?;
+    final_norm(cx, ws, t, cx.model.final_norm)
+}
+
+/// RMSNorm of the residual with weight `w` into `ws.a`, where the head reads its rows.
+pub(super) fn final_norm(cx: &Ctx, ws: &mut Workspace, t: usize, w: Span) -> Result<(), BackendError> {
+    let rows = Rows::dense(t, cx.dims.h);
+    cx.ks.rms_norm(cx.s, &ws.h, rows, &cx.arena.bf16(w), &mut ws.a, rows, cx.cfg.rms_norm_eps).map_err(kern)?;
     cx.mark("rms_norm", 0);
     Ok(())
+}
+
+/// One decoder layer on the residual `ws.h` (model-spec.md §2.1); `index` is the layer's place
+/// among the layers of its mixer kind (its GDN state or KV cache).
+pub(super) fn layer(cx: &Ctx, lw: &LayerW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, index: usize) -> Result<(), BackendError> {
+    let t = meta.tokens;
+    let rows = Rows::dense(t, cx.dims.h);
+    let eps = cx.cfg.rms_norm_eps;
+    // a = RMSNorm_in(h); delta = Mixer(a); h += delta; a = RMSNorm_post(h); h += MoE(a).
+    // A single-token pass launches neither norm on its own: the mixer's first projection
+    // norms h (and stores a for the others), its output projection adds into h, and the
+    // router product norms h again (storing a for the experts).
+    let first = match &lw.mixer {
+        MixerW::Gdn(g) => g.stack.as_ref().map_or(&g.qkv, |s| &s.m),
+        MixerW::Attn(at) => &at.q,
+    };
+    let router = lw.moe.router_gate.as_ref().unwrap_or(&lw.moe.router);
+    let fuse = Fuse {
+        norm_in: (t == 1 && first.takes_norm()).then_some(lw.attn_norm),
+        add_out: t == 1 && router.takes_norm(),
+    };
+    if fuse.norm_in.is_none() {
+        cx.ks.rms_norm(cx.s, &ws.h, rows, &cx.arena.bf16(lw.attn_norm), &mut ws.a, rows, eps).map_err(kern)?;
+        cx.mark("rms_norm", 0);
+    }
+    match &lw.mixer {
+        MixerW::Gdn(g) => gdn(cx, g, st, ws, tb, meta, index, fuse)?,
+        MixerW::Attn(at) => attention(cx, at, st, ws, tb, meta, index, fuse)?,
+    }
+    if !fuse.add_out {
+        let moe_norm = cx.arena.bf16(lw.moe_norm);
+        cx.ks.add_rms_norm(cx.s, &mut ws.h, &ws.delta, rows, &moe_norm, &mut ws.a, rows, eps).map_err(kern)?;
+        cx.mark("add_rms_norm", 0);
+    }
+    moe(cx, &lw.moe, ws, tb, t, fuse.add_out.then_some(lw.moe_norm))
 }
 
 /// The head over logit rows `c0..c0 + rc` into `ws.logits`: the rows are gathered with the
@@ -333,7 +343,9 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, met
     let dims = GdnDims { hk: cx.cfg.linear_num_key_heads, hv, dk: d.dk, dv: d.dv };
     let (a_log, dt_bias) = (cx.arena.f32(g.a_log), cx.arena.f32(g.dt_bias));
     let alpha = ba.slice(hv..);
-    let form = if meta.max_q >= CHUNKED_MIN_TOKENS { DeltaForm::Chunked } else { DeltaForm::Recurrent };
+    // The chunked kernel walks chunks shorter than GDN_CHUNK_MIN as the recurrent one does, so
+    // a pass without a longer segment takes the recurrent kernel and the same bits.
+    let form = if meta.max_q >= GDN_CHUNK_MIN { DeltaForm::Chunked } else { DeltaForm::Recurrent };
     cx.ks
         .gdn_delta(form, cx.s, &ws.conv, cd, &ba, &alpha, ba_ld, &a_log, &dt_bias, &mut st.rec[gi], d.slots, &batch, dims, &mut ws.mix)
         .map_err(kern)?;

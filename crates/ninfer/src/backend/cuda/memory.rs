@@ -50,13 +50,16 @@ pub(super) struct Dims {
     pub inter: usize,
     pub linear_layers: usize,
     pub attn_layers: usize,
+    /// Whether the MTP block is loaded: its attention layer has a KV cache of its own (after
+    /// the model's, in the same pages) and its fc input `[e ‖ g]` rows go through `proj`.
+    pub mtp: bool,
     /// u32 scratch words of the GPU argmax and sampling over LOGIT_ROWS rows (the kernel set's
     /// figure).
     pub sample_words: usize,
 }
 
 impl Dims {
-    pub fn new(c: &ModelConfig, slots: usize, max_context: usize, t_cap: usize, sample_words: usize) -> Dims {
+    pub fn new(c: &ModelConfig, slots: usize, max_context: usize, t_cap: usize, sample_words: usize, mtp: bool) -> Dims {
         Dims {
             slots,
             t_cap,
@@ -77,12 +80,18 @@ impl Dims {
             inter: c.moe_intermediate_size.max(c.shared_expert_intermediate_size),
             linear_layers: c.layer_types.iter().filter(|k| **k == LayerKind::LinearAttention).count(),
             attn_layers: c.layer_types.iter().filter(|k| **k == LayerKind::FullAttention).count(),
+            mtp,
             sample_words,
         }
     }
 
     pub fn meta(&self) -> MetaLayout {
         MetaLayout { t_cap: self.t_cap, s_cap: self.slots, pages: self.pages }
+    }
+
+    /// Attention layers with a KV cache: the model's, then the MTP layer's.
+    pub fn kv_layers(&self) -> usize {
+        self.attn_layers + usize::from(self.mtp)
     }
 
     /// KV cache rows of one layer (every page of the pool).
@@ -96,7 +105,7 @@ impl Dims {
 
     /// Bytes one page takes over all attention layers (K and V, bf16).
     pub fn page_bytes(&self) -> usize {
-        self.attn_layers * 2 * PAGE * self.hkv * self.d * 2
+        self.kv_layers() * 2 * PAGE * self.hkv * self.d * 2
     }
 
     fn conv_elems(&self) -> usize {
@@ -113,10 +122,11 @@ impl Dims {
     }
 
     fn proj_elems(&self) -> usize {
-        // z, qkv, b and a side by side (the stacked projection).
+        // z, qkv, b and a side by side (the stacked projection); the MTP's [e ‖ g].
         let gdn = if self.linear_layers > 0 { self.vd + self.cd + 2 * self.hv } else { 0 };
-        let attn = if self.attn_layers > 0 { 2 * self.hq * self.d } else { 0 };
-        self.t_cap * gdn.max(attn).max(self.vd)
+        let attn = if self.kv_layers() > 0 { 2 * self.hq * self.d } else { 0 };
+        let mtp = if self.mtp { 2 * self.h } else { 0 };
+        self.t_cap * gdn.max(attn).max(self.vd).max(mtp)
     }
 
     fn conv_elems_ws(&self) -> usize {
@@ -148,7 +158,7 @@ impl Dims {
 
     /// f32 partials of split-KV decode attention: one query row per slot, every split.
     fn attn_part_elems(&self) -> usize {
-        if self.attn_layers == 0 {
+        if self.kv_layers() == 0 {
             return 1;
         }
         attention_workspace_len(self.slots.min(self.t_cap), self.hq, self.d, ATTN_MAX_SPLITS)
@@ -175,7 +185,7 @@ impl Dims {
 
 /// Per-slot sequence state of every layer, indexed by the layer's position among its kind.
 pub(super) struct States {
-    /// (k, v) caches `[cache_rows, Hkv, D]` per full-attention layer.
+    /// (k, v) caches `[cache_rows, Hkv, D]` per full-attention layer, the MTP layer's last.
     pub kv: Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>,
     /// bf16 `[slots, 3, Cd]` per GDN layer.
     pub conv: Vec<CudaSlice<bf16>>,
@@ -189,7 +199,7 @@ fn zeros<T: DeviceRepr + ValidAsZeroBits>(s: &Arc<CudaStream>, n: usize, what: &
 
 impl States {
     pub fn alloc(s: &Arc<CudaStream>, d: &Dims) -> Result<States, BackendError> {
-        let kv = (0..d.attn_layers)
+        let kv = (0..d.kv_layers())
             .map(|_| Ok((zeros(s, d.kv_elems(), "the KV cache")?, zeros(s, d.kv_elems(), "the KV cache")?)))
             .collect::<Result<Vec<_>, BackendError>>()?;
         let conv = (0..d.linear_layers).map(|_| zeros(s, d.conv_elems(), "the GDN conv state")).collect::<Result<_, _>>()?;
@@ -220,7 +230,7 @@ pub(super) struct Workspace {
     /// A mixer's output `[T, H]`.
     pub delta: CudaSlice<bf16>,
     /// GDN qkv `[T, Cd]` (or the stacked z‖qkv‖b‖a `[T, Vd + Cd + 2·Hv]`), the gated norm's
-    /// output `[T, Vd]`, or attention q‖gate `[T, 2·Hq·D]`.
+    /// output `[T, Vd]`, attention q‖gate `[T, 2·Hq·D]`, or the MTP's fc input `[T, 2·H]`.
     pub proj: CudaSlice<bf16>,
     pub k: CudaSlice<bf16>,
     pub v: CudaSlice<bf16>,

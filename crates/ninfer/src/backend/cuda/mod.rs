@@ -15,10 +15,12 @@
 //! - `weights`: the weight arena, uploaded once from the mapped artifact.
 //! - `memory`: sizes and allocation of state and workspace.
 //! - `forward`: the kernel launches of one pass.
+//! - `mtp`: the MTP block's passes and the target's final-normed hidden states it reads.
 //! - `profile`: per-launch timing of an eager step from CUDA events.
 
 mod forward;
 mod memory;
+mod mtp;
 mod plan;
 mod profile;
 mod weights;
@@ -35,7 +37,7 @@ use ninfer_kernels::{
 use crate::artifact::Artifact;
 use crate::model::ModelConfig;
 
-use super::{Backend, BackendError, KvPool, LaunchTime, Pick, RowLogits, SlotId, StepInput};
+use super::{Backend, BackendError, KvPool, LaunchTime, Pick, RowLogits, RowOutput, SlotId, StepInput};
 use forward::{body, fetch, head, run_pass, upload_tables, Ctx, Fetch};
 use memory::{alloc_tables, Dims, States, Workspace, LOGIT_ROWS, PAGE};
 use plan::{kv_bucket, pass_meta, split_passes, RowSpec, Want};
@@ -58,11 +60,13 @@ pub struct CudaOptions {
     /// Replay decode passes as CUDA graphs; off, every launch of every pass is issued from the
     /// host (slower; for comparison and debugging).
     pub graphs: bool,
+    /// Load the MTP block, if the artifact has the `mtp` component ([`CudaBackend::mtp_step`]).
+    pub mtp: bool,
 }
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        CudaOptions { device: 0, max_slots: 4, max_context: 4096, max_step_tokens: 512, kv_capacity: None, graphs: true }
+        CudaOptions { device: 0, max_slots: 4, max_context: 4096, max_step_tokens: 512, kv_capacity: None, graphs: true, mtp: false }
     }
 }
 
@@ -160,6 +164,8 @@ pub struct CudaBackend {
     tables: CudaSlice<i32>,
     /// Tokens in each slot's sequence; None for a free slot.
     lens: Vec<Option<usize>>,
+    /// Rows in each slot's MTP cache (mtp.rs).
+    mtp_lens: Vec<usize>,
     /// The pool pages each slot holds, in position order, and the free pages.
     slot_pages: Vec<Vec<u32>>,
     free_pages: Vec<u32>,
@@ -192,8 +198,8 @@ impl CudaBackend {
         let name = format!("cuda:{} {}", opts.device, ks.device_name());
         let max_context = opts.max_context.min(config.max_position_embeddings);
         let sample_words = ks.sample_workspace_len(LOGIT_ROWS).map_err(kern)?;
-        let mut dims = Dims::new(&config, opts.max_slots, max_context, opts.max_step_tokens, sample_words);
-        let plan = weights::plan(art, &config)?;
+        let plan = weights::plan(art, &config, opts.mtp)?;
+        let mut dims = Dims::new(&config, opts.max_slots, max_context, opts.max_step_tokens, sample_words, plan.model.mtp.is_some());
         let (w, g, a) = (plan.bytes(), dims.gdn_bytes(), dims.workspace_bytes());
         let per_page = dims.page_bytes().max(1);
         let (free, total) = ctx.mem_get_info().map_err(drv("reading free GPU memory"))?;
@@ -221,14 +227,14 @@ impl CudaBackend {
         dims.kv_pages = match opts.kv_capacity {
             // auto: every slot can reach the full context, or as many pages as fit when that
             // is more than the card holds, as long as one sequence can reach the full context.
-            None if dims.attn_layers == 0 => dims.slots * dims.pages,
+            None if dims.kv_layers() == 0 => dims.slots * dims.pages,
             None => (dims.slots * dims.pages).min(fits),
             Some(tokens) => tokens.div_ceil(PAGE),
         };
         // An explicit capacity below one full-context sequence is the caller's choice (the
         // runtime refuses requests that need more); auto must hold at least one.
         let least = if opts.kv_capacity.is_some() { 1 } else { dims.pages };
-        if dims.attn_layers > 0 && (dims.kv_pages > fits || dims.kv_pages < least) {
+        if dims.kv_layers() > 0 && (dims.kv_pages > fits || dims.kv_pages < least) {
             return Err(need(dims.kv_pages.max(least)));
         }
         // A stream of our own: the legacy default stream cannot be captured into a graph.
@@ -250,6 +256,7 @@ impl CudaBackend {
             ws,
             tables,
             lens: vec![None; opts.max_slots],
+            mtp_lens: vec![0; opts.max_slots],
             slot_pages: vec![Vec::new(); opts.max_slots],
             // Popped from the end: a new sequence takes the lowest pages first.
             free_pages: (0..dims.kv_pages as u32).rev().collect(),
@@ -315,6 +322,7 @@ impl Backend for CudaBackend {
         let free = self.lens.iter().position(|l| l.is_none()).ok_or(BackendError::NoFreeSlot(self.lens.len()))?;
         self.states.reset_slot(&self.stream, &self.dims, free)?;
         self.lens[free] = Some(0);
+        self.mtp_lens[free] = 0;
         Ok(SlotId(free as u32))
     }
 
@@ -338,20 +346,27 @@ impl Backend for CudaBackend {
     }
 
     fn step(&mut self, rows: &[StepInput<'_>]) -> Result<Vec<RowLogits>, BackendError> {
-        self.run_step(rows, None)
+        self.run_step(rows, None, None)
     }
 
     /// Runs the step with CUDA events between its launches: a decode pass as a graph of its own
     /// (when graphs are on), any other pass eagerly.
     fn profile_step(&mut self, rows: &[StepInput<'_>]) -> Result<(Vec<RowLogits>, Vec<LaunchTime>), BackendError> {
         let prof = profile::Profiler::start(&self.stream)?;
-        let out = self.run_step(rows, Some(&prof))?;
+        let out = self.run_step(rows, Some(&prof), None)?;
         Ok((out, prof.into_inner().finish()?))
     }
 }
 
 impl CudaBackend {
-    fn run_step(&mut self, rows: &[StepInput<'_>], prof: Option<&std::cell::RefCell<profile::Profiler>>) -> Result<Vec<RowLogits>, BackendError> {
+    /// Runs every pass of a step; with `hidden` (one vector per row), also appends each row's
+    /// final-normed hidden states to its vector.
+    fn run_step(
+        &mut self,
+        rows: &[StepInput<'_>],
+        prof: Option<&std::cell::RefCell<profile::Profiler>>,
+        mut hidden: Option<&mut [Vec<f32>]>,
+    ) -> Result<Vec<RowLogits>, BackendError> {
         let specs = self.validate(rows)?;
         self.take_pages(&specs);
         let v = self.config.vocab_size;
@@ -406,6 +421,14 @@ impl CudaBackend {
                 self.stream.synchronize().map_err(drv("running the step"))?;
             } else {
                 run_pass(&cx, &mut self.states, &mut self.ws, &mut self.tables, &meta, out)?;
+            }
+            if let Some(hid) = hidden.as_deref_mut() {
+                let values = mtp::fetch_hidden(&cx, &self.ws, meta.tokens)?;
+                let mut r0 = 0;
+                for seg in &pass.segs {
+                    hid[seg.row].extend_from_slice(&values[r0 * self.dims.h..(r0 + seg.n) * self.dims.h]);
+                    r0 += seg.n;
+                }
             }
             for (k, &(s, _)) in meta.logit_rows.iter().enumerate() {
                 let o = &mut outs[pass.segs[s].row];

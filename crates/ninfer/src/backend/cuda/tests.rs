@@ -9,6 +9,7 @@
 //! batching rows does not change any row's arithmetic, so those comparisons are tight.
 
 use super::*;
+use ninfer_kernels::GDN_CHUNK;
 use crate::backend::cpu::{CpuBackend, CpuOptions};
 use crate::model::testutil::{tokens, write_tiny, TinyOpts, VOCAB};
 
@@ -20,9 +21,14 @@ const SELF_TOL: f32 = 1e-2;
 
 /// ‖got − want‖ / ‖want‖ of every row of `VOCAB` logits.
 fn row_errs(got: &[f32], want: &[f32]) -> Vec<f32> {
-    assert_eq!(got.len(), want.len(), "logit counts differ");
-    got.chunks_exact(VOCAB)
-        .zip(want.chunks_exact(VOCAB))
+    errs_of(got, want, VOCAB)
+}
+
+/// ‖got − want‖ / ‖want‖ of every row of `width` values.
+fn errs_of(got: &[f32], want: &[f32], width: usize) -> Vec<f32> {
+    assert_eq!(got.len(), want.len(), "value counts differ");
+    got.chunks_exact(width)
+        .zip(want.chunks_exact(width))
         .map(|(g, w)| {
             let num: f32 = g.iter().zip(w).map(|(a, b)| (a - b) * (a - b)).sum();
             let den: f32 = w.iter().map(|b| b * b).sum();
@@ -105,12 +111,14 @@ fn passes_and_batching_leave_rows_unchanged() {
         return;
     }
     let art = artifact("cuda-self", 32);
-    let small = CudaOptions { max_slots: 3, max_context: 300, max_step_tokens: 16, ..CudaOptions::default() };
+    // Passes cut at multiples of the GDN chunk (32 tokens), so that the chunked recurrence sums
+    // the same tokens together on both sides (kernels/gdn.cu).
+    let small = CudaOptions { max_slots: 3, max_context: 300, max_step_tokens: GDN_CHUNK, ..CudaOptions::default() };
     let mut a = CudaBackend::open(&art, small).unwrap();
     let mut b = CudaBackend::open(&art, CudaOptions { max_step_tokens: 256, ..small }).unwrap();
     let (pa, pb, pc) = (tokens(31, 70), tokens(32, 9), tokens(33, 30));
 
-    // One 70-token prompt: five passes on `a`, one pass on `b`.
+    // One 70-token prompt: three passes on `a`, one pass on `b`.
     let (sa, sb) = (a.alloc_slot().unwrap(), b.alloc_slot().unwrap());
     let split = a.step(&[row(sa, &pa, true)]).unwrap().remove(0);
     let whole = b.step(&[row(sb, &pa, true)]).unwrap().remove(0);
@@ -225,4 +233,75 @@ fn copy_bandwidth_is_measured() {
     let bw = copy_bandwidth().unwrap();
     // Any GPU this build supports copies faster than 100 GB/s and slower than 100 TB/s.
     assert!((1e11..1e14).contains(&bw), "{bw}");
+}
+
+fn assert_near(what: &str, errs: &[f32]) {
+    let (med, p90) = (quantile(errs, 0.5), quantile(errs, 0.9));
+    println!("{what}: row errors median {med:.2e}, p90 {p90:.2e}, max {:.2e}", worst(errs));
+    assert!(med < MEDIAN_TOL && p90 < P90_TOL, "{what}: median {med:.2e}, p90 {p90:.2e}");
+}
+
+#[test]
+fn mtp_follows_the_cpu_reference() {
+    use crate::model::testutil::HIDDEN;
+    if !gpu_present() {
+        return;
+    }
+    let path = write_tiny("cuda-mtp", &TinyOpts::default());
+    let art = Artifact::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let mut cpu = CpuBackend::open(&art, CpuOptions { max_slots: 1, max_context: 256, mtp: true, kv_capacity: None }).unwrap();
+    // Passes of 16: the 40 MTP rows of the prompt run as three.
+    let opts = CudaOptions { max_slots: 1, max_context: 256, max_step_tokens: 16, mtp: true, ..CudaOptions::default() };
+    let mut gpu = CudaBackend::open(&art, opts).unwrap();
+    assert!(gpu.has_mtp());
+    let (c, g) = (cpu.alloc_slot().unwrap(), gpu.alloc_slot().unwrap());
+    let prompt = tokens(21, 40);
+    let want = cpu.step_with_hidden(&[row(c, &prompt, true)]).unwrap().remove(0);
+    let got = gpu.step_with_hidden(&[row(g, &prompt, true)]).unwrap().remove(0);
+    assert_eq!((got.hidden.len(), got.logits.rows), (40 * HIDDEN, 40));
+    assert_near("target hidden", &errs_of(&got.hidden, &want.hidden, HIDDEN));
+    // The MTP block changes nothing of the target: the same logits to the bit without it.
+    let mut plain = CudaBackend::open(&art, CudaOptions { mtp: false, ..opts }).unwrap();
+    let p = plain.alloc_slot().unwrap();
+    assert!(!plain.has_mtp());
+    assert_eq!(plain.step(&[row(p, &prompt, true)]).unwrap().remove(0).values, got.logits.values);
+
+    // MTP rows pair token p+1 with the target hidden of p (model-spec.md §3.2); both backends
+    // get the reference's hidden states, so only the MTP block itself is compared.
+    let x40 = argmax(&want.logits.values[39 * VOCAB..]);
+    let mut ids = prompt[1..].to_vec();
+    ids.push(x40);
+    let d_want = cpu.mtp_step(c, &ids, &want.hidden, true).unwrap();
+    let d_got = gpu.mtp_step(g, &ids, &want.hidden, true).unwrap();
+    assert_eq!((d_got.logits.rows, d_got.hidden.len(), gpu.mtp_len(g).unwrap()), (40, 40 * HIDDEN, 40));
+    assert_near("mtp logits", &row_errs(&d_got.logits.values, &d_want.logits.values));
+    assert_near("mtp hidden", &errs_of(&d_got.hidden, &d_want.hidden, HIDDEN));
+
+    // A further draft (one row: the decode kernels) from the MTP's own last output.
+    let draft = argmax(&d_want.logits.values[39 * VOCAB..]);
+    let last = &d_want.hidden[39 * HIDDEN..];
+    let e_want = cpu.mtp_step(c, &[draft], last, false).unwrap();
+    let e_got = gpu.mtp_step(g, &[draft], last, false).unwrap();
+    assert_near("mtp draft logits", &row_errs(&e_got.logits.values, &e_want.logits.values));
+    // Rolled back and redone, the draft row is the same to the bit.
+    gpu.mtp_truncate(g, 40).unwrap();
+    let again = gpu.mtp_step(g, &[draft], last, false).unwrap();
+    assert_eq!(again.logits.values, e_got.logits.values);
+    assert_eq!(gpu.mtp_len(g).unwrap(), 41);
+
+    // The MTP cache is its own: the target's next steps still follow the reference.
+    let mut errs = Vec::new();
+    let mut next = x40;
+    for _ in 0..4 {
+        let want = cpu.step(&[row(c, &[next], false)]).unwrap().remove(0);
+        let got = gpu.step(&[row(g, &[next], false)]).unwrap().remove(0);
+        errs.extend(row_errs(&got.values, &want.values));
+        next = argmax(&want.values);
+    }
+    assert_near("target after drafts", &errs);
+
+    assert!(matches!(gpu.mtp_step(g, &[draft], &last[..HIDDEN - 1], false), Err(BackendError::Model(_))));
+    assert!(matches!(gpu.mtp_step(g, &[VOCAB as u32], last, false), Err(BackendError::BadToken { .. })));
+    assert!(matches!(plain.mtp_step(p, &[1], &vec![0.0; HIDDEN], false), Err(BackendError::Model(_))));
 }

@@ -154,6 +154,17 @@ pub(super) struct ModelW {
     pub layers: Vec<LayerW>,
     pub final_norm: Span,
     pub head: DevMat,
+    pub mtp: Option<MtpW>,
+}
+
+/// The MTP block (model-spec.md §3.1): two input norms, fc `[H, 2H]` over [e ‖ g], one
+/// full-attention decoder layer and its final norm; it shares the embedding and the head.
+pub(super) struct MtpW {
+    pub norm_emb: Span,
+    pub norm_hidden: Span,
+    pub fc: DevMat,
+    pub layer: LayerW,
+    pub final_norm: Span,
 }
 
 /// Where the bytes of one arena range come from.
@@ -330,10 +341,10 @@ impl<'a> Planner<'a> {
         })
     }
 
-    fn layer(&mut self, c: &ModelConfig, i: usize) -> Result<LayerW, BackendError> {
-        let p = format!("layers.{i}");
+    /// One decoder layer under prefix `p` (`layers.i` or `mtp.layers.0`).
+    fn layer(&mut self, c: &ModelConfig, p: &str, kind: LayerKind) -> Result<LayerW, BackendError> {
         let h = c.hidden_size;
-        let mixer = match c.layer_types[i] {
+        let mixer = match kind {
             LayerKind::LinearAttention => {
                 let (hv, cd) = (c.linear_num_value_heads, c.gdn_conv_dim());
                 let vd = c.gdn_value_dim();
@@ -408,8 +419,9 @@ impl<'a> Planner<'a> {
     }
 }
 
-/// Lays out every tensor of the text model (no allocation yet).
-pub(super) fn plan<'a>(art: &'a Artifact, c: &ModelConfig) -> Result<WeightPlan<'a>, BackendError> {
+/// Lays out every tensor of the text model, and with `mtp` the MTP block when the artifact
+/// has one (no allocation yet).
+pub(super) fn plan<'a>(art: &'a Artifact, c: &ModelConfig, mtp: bool) -> Result<WeightPlan<'a>, BackendError> {
     let mut p = Planner { art, items: Vec::new(), total: 0 };
     let (v, h) = (c.vocab_size, c.hidden_size);
     // The embedding kernel reads bf16 and q8_g32 tables; anything else becomes bf16.
@@ -420,11 +432,21 @@ pub(super) fn plan<'a>(art: &'a Artifact, c: &ModelConfig) -> Result<WeightPlan<
         _ => false,
     };
     let embed = p.mat_from(et, embed_raw, 1, v, h)?;
-    let layers = (0..c.num_layers).map(|i| p.layer(c, i)).collect::<Result<Vec<_>, _>>()?;
+    let layers = (0..c.num_layers).map(|i| p.layer(c, &format!("layers.{i}"), c.layer_types[i])).collect::<Result<Vec<_>, _>>()?;
     let final_norm = p.bf16_vec("final_norm", &[&[h]])?;
     let head = p.mat("head", 1, v, h)?;
+    let mtp = match mtp && art.component("mtp").is_some() {
+        true => Some(MtpW {
+            norm_emb: p.bf16_vec("mtp.norm_emb", &[&[h]])?,
+            norm_hidden: p.bf16_vec("mtp.norm_hidden", &[&[h]])?,
+            fc: p.mat("mtp.fc", 1, h, 2 * h)?,
+            layer: p.layer(c, "mtp.layers.0", LayerKind::FullAttention)?,
+            final_norm: p.bf16_vec("mtp.final_norm", &[&[h]])?,
+        }),
+        false => None,
+    };
     let Planner { items, total, .. } = p;
-    Ok(WeightPlan { art, items, total, model: ModelW { embed, layers, final_norm, head } })
+    Ok(WeightPlan { art, items, total, model: ModelW { embed, layers, final_norm, head, mtp } })
 }
 
 /// The uploaded weights.
