@@ -275,6 +275,7 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_gdn_chunked(RecArgs a) 
         const int k = i >> 5, c = i & 31;
         sm.s[k * GDN_LDS + c] = j0 + c < a.dv ? gst[(size_t)k * a.dv + j0 + c] : 0.f;
     }
+    __syncthreads();  // a walked first chunk reads rows that other warps loaded
     const float neg_a = -expf(a.a_log[h]);
     const float dtb = a.dt_bias[h];
     const float qscale = rsqrtf((float)dk);
