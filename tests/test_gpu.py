@@ -9,9 +9,12 @@ norm and decoder-layer output rounded to bf16 differs from the f32 goldens by a 
 of 0.6-2.0% of the logit norm and a 90th percentile of up to 9.5%, with single rows up to 100%
 where two experts' router logits lie within a bf16 step of each other and the top-k choice flips;
 its greedy tokens leave the golden ones at the first step whose top-2 margin is of that noise's
-order. So the GPU is held to:
-- logits: median row error below 4e-2 (twice the worst median of that bf16 run) and 90th
-  percentile below 0.2;
+order. transformers itself run in bf16 (every weight and activation, its own kernels on the CPU:
+scripts/golden_bf16_noise.py) lands further out, at medians of 1.8 %, 3.4-3.6 % and 1.7 % on
+tiny-a, tiny-b and tiny-c (tiny-b's figure moves by 0.2 % with the GDN chunk size alone) and 90th
+percentiles of 6-10 %. So the GPU is held to:
+- logits: median row error below 5e-2 (1.4 times the worst median of transformers in bf16) and
+  90th percentile below 0.2;
 - greedy decoding, teacher-forced on the golden tokens: the same logit bounds, and the golden
   argmax at 80% or more of the steps where the golden's two best logits are at least MARGIN
   apart (relative to the logits' rms); the free-running tokens are reported;
@@ -34,7 +37,7 @@ from runner_util import slot, step
 
 from test_golden import GDN_CHUNK, GOLDEN_DIR, MODELS, RECIPES, load_golden, rel_err
 
-TYPICAL_TOL = 4e-2
+TYPICAL_TOL = 5e-2
 SPREAD_TOL = 0.2
 SELF_TOL = 1e-2
 # A prompt cut into pieces runs its projections at other batch sizes, and a single row takes

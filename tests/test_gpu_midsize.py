@@ -15,8 +15,9 @@ as far from the f32 reference as transformers' own bf16 run, whose distance is p
 floor. Measured on an H200 for this model (eager paths): a median row error of 1.4e-2, a 90th
 percentile of 3.2e-2, a largest row of 8.0e-2 (with the weights drawn on the host instead: 2.0e-2,
 4.4e-2, 6.4e-2; sdpa with grouped experts the same); the bf16 run still picked the reference token
-at every step with a clear margin. test_gpu's TYPICAL_TOL (4e-2 on the median, about twice that
-floor, as there) and SPREAD_TOL (0.2 on the 90th percentile) hold the GPU to it. Greedy: the
+at every step with a clear margin. test_gpu's TYPICAL_TOL (5e-2 on the median, 2.5 times that
+floor here, 1.4 times transformers' bf16 median on the noisiest golden model) and SPREAD_TOL (0.2
+on the 90th percentile) hold the GPU to it. Greedy: the
 reference's argmax at 80% or more of the steps whose two best logits are at least MARGIN (relative
 to the logits' rms) apart, as in test_gpu.py; the free-running tokens are reported. The CPU
 backend, in f32, lies 1.4e-6 from the reference on this model, so conversion at these widths adds
