@@ -21,7 +21,7 @@ fn encoding(name: &str) -> PyResult<Encoding> {
 }
 
 fn f32_values(data: &[u8]) -> PyResult<Vec<f32>> {
-    if data.len() % 4 != 0 {
+    if !data.len().is_multiple_of(4) {
         return Err(PyValueError::new_err("f32 data must be a multiple of 4 bytes"));
     }
     Ok(data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())

@@ -89,7 +89,9 @@ fn event_dict<'py>(py: Python<'py>, e: Event) -> PyResult<Bound<'py, PyDict>> {
             d.set_item("type", "delta")?;
             d.set_item("text", text)?;
             d.set_item("token_ids", token_ids)?;
-            let lps: Vec<(u32, f32, Vec<(u32, f32)>)> = logprobs.into_iter().map(|l| (l.token, l.logprob, l.top)).collect();
+            // (token, logprob, [(alternative, logprob)]) per generated token.
+            type Row = (u32, f32, Vec<(u32, f32)>);
+            let lps: Vec<Row> = logprobs.into_iter().map(|l| (l.token, l.logprob, l.top)).collect();
             d.set_item("logprobs", lps)?;
         }
         Event::Done { reason, usage, stop } => {

@@ -56,16 +56,16 @@ impl ModelConfig {
         if self.layer_types.len() != self.num_layers {
             return bad(format!("{} layer_types for {} layers", self.layer_types.len(), self.num_layers));
         }
-        if self.num_kv_heads == 0 || self.num_attention_heads % self.num_kv_heads != 0 {
+        if self.num_kv_heads == 0 || !self.num_attention_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!("{} attention heads not divisible by {} kv heads", self.num_attention_heads, self.num_kv_heads));
         }
-        if self.linear_num_key_heads == 0 || self.linear_num_value_heads % self.linear_num_key_heads != 0 {
+        if self.linear_num_key_heads == 0 || !self.linear_num_value_heads.is_multiple_of(self.linear_num_key_heads) {
             return bad(format!(
                 "{} GDN value heads not divisible by {} key heads",
                 self.linear_num_value_heads, self.linear_num_key_heads
             ));
         }
-        if self.rotary_dim > self.head_dim || self.rotary_dim % 2 != 0 {
+        if self.rotary_dim > self.head_dim || !self.rotary_dim.is_multiple_of(2) {
             return bad(format!("rotary_dim {} must be even and <= head_dim {}", self.rotary_dim, self.head_dim));
         }
         if self.num_experts_per_tok == 0 || self.num_experts_per_tok > self.num_experts {

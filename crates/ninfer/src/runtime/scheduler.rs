@@ -211,7 +211,10 @@ pub(crate) fn run(mut backend: Box<dyn Backend>, tokenizer: Option<Tokenizer>, s
     }
 }
 
-type Finished = (Sequence, Option<(FinishReason, Option<String>)>);
+/// How a sequence ended: None for a failed step (its error already sent), else the reason and
+/// the stop string that matched.
+type Ending = Option<(FinishReason, Option<String>)>;
+type Finished = (Sequence, Ending);
 
 /// One round over the running sequences; finished ones are removed and their slots freed.
 /// Returns the number of tokens generated and the finished sequences, whose final events the
@@ -243,7 +246,7 @@ fn step(backend: &mut dyn Backend, running: &mut Vec<Sequence>, limits: &Limits)
         })
         .collect();
     let result = backend.step(&inputs);
-    let mut finished: Vec<(usize, Option<(FinishReason, Option<String>)>)> = Vec::new();
+    let mut finished: Vec<(usize, Ending)> = Vec::new();
     let mut produced = 0;
     match result {
         Err(e) => {

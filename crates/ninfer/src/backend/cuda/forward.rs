@@ -48,8 +48,10 @@ impl Ctx<'_> {
     }
 }
 
-/// The pass's tables as device views (offsets of plan.rs's `MetaLayout`).
+/// The pass's tables as device views (offsets of plan.rs's `MetaLayout`), and the host-side
+/// facts of the pass.
 pub(super) struct Tables<'a> {
+    pub meta: &'a PassMeta,
     pub ids: CudaView<'a, i32>,
     pos: CudaView<'a, i32>,
     kv_rows: CudaView<'a, i32>,
@@ -61,10 +63,11 @@ pub(super) struct Tables<'a> {
 }
 
 impl<'a> Tables<'a> {
-    pub fn of(d: &Dims, tables: &'a CudaSlice<i32>, meta: &PassMeta) -> Self {
+    pub fn of(d: &Dims, tables: &'a CudaSlice<i32>, meta: &'a PassMeta) -> Self {
         let (t, seqs, ml) = (meta.tokens, meta.seqs, d.meta());
         let view = |off: usize, n: usize| tables.slice(off..off + n);
         Tables {
+            meta,
             ids: view(ml.ids(), t),
             pos: view(ml.pos(), t),
             kv_rows: view(ml.kv_rows(), t),
@@ -78,6 +81,7 @@ impl<'a> Tables<'a> {
 }
 
 /// y[r] = x[r]·Wᵀ for `rows` rows, at most 16 per launch; profiled as `label`.
+#[allow(clippy::too_many_arguments)] // KernelSet::gemv's list, plus the context and label
 pub(super) fn linear<O: GemvOut>(
     cx: &Ctx,
     label: &'static str,
@@ -133,6 +137,7 @@ fn out_linear(
 /// The first projection after a norm (a mixer's, or the router's) over `t` rows: `linear` of
 /// `a`, or, with `norm` (a single-token pass), one launch that norms `h` with that weight, stores
 /// the result in `a` for the launches after it, and multiplies.
+#[allow(clippy::too_many_arguments)] // as `linear`
 fn first_linear(
     cx: &Ctx,
     label: &'static str,
@@ -225,7 +230,7 @@ pub(super) fn body(cx: &Ctx, st: &mut States, ws: &mut Workspace, tables: &CudaS
             MixerW::Gdn(_) => &mut gi,
             MixerW::Attn(_) => &mut ai,
         };
-        layer(cx, lw, st, ws, &tb, meta, *index)?;
+        layer(cx, lw, st, ws, &tb, *index)?;
         *index += 1;
     }
     final_norm(cx, ws, t, cx.model.final_norm)
@@ -241,8 +246,8 @@ pub(super) fn final_norm(cx: &Ctx, ws: &mut Workspace, t: usize, w: Span) -> Res
 
 /// One decoder layer on the residual `ws.h` (model-spec.md §2.1); `index` is the layer's place
 /// among the layers of its mixer kind (its GDN state or KV cache).
-pub(super) fn layer(cx: &Ctx, lw: &LayerW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, index: usize) -> Result<(), BackendError> {
-    let t = meta.tokens;
+pub(super) fn layer(cx: &Ctx, lw: &LayerW, st: &mut States, ws: &mut Workspace, tb: &Tables, index: usize) -> Result<(), BackendError> {
+    let t = tb.meta.tokens;
     let rows = Rows::dense(t, cx.dims.h);
     let eps = cx.cfg.rms_norm_eps;
     // a = RMSNorm_in(h); delta = Mixer(a); h += delta; a = RMSNorm_post(h); h += MoE(a).
@@ -263,8 +268,8 @@ pub(super) fn layer(cx: &Ctx, lw: &LayerW, st: &mut States, ws: &mut Workspace, 
         cx.mark("rms_norm", 0);
     }
     match &lw.mixer {
-        MixerW::Gdn(g) => gdn(cx, g, st, ws, tb, meta, index, fuse)?,
-        MixerW::Attn(at) => attention(cx, at, st, ws, tb, meta, index, fuse)?,
+        MixerW::Gdn(g) => gdn(cx, g, st, ws, tb, index, fuse)?,
+        MixerW::Attn(at) => attention(cx, at, st, ws, tb, index, fuse)?,
     }
     if !fuse.add_out {
         let moe_norm = cx.arena.bf16(lw.moe_norm);
@@ -289,7 +294,8 @@ pub(super) fn head(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, c0: us
 
 /// Gated DeltaNet mixer (model-spec.md §2.4) into `ws.delta`, or added into `ws.h` with
 /// `fuse.add_out`.
-fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, gi: usize, fuse: Fuse) -> Result<(), BackendError> {
+fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, gi: usize, fuse: Fuse) -> Result<(), BackendError> {
+    let meta = tb.meta;
     let d = cx.dims;
     let (t, h, cd, vd, hv) = (meta.tokens, d.h, d.cd, d.vd, d.hv);
     let conv_w = cx.arena.bf16(g.conv);
@@ -376,7 +382,8 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, met
 }
 
 /// Gated full attention (model-spec.md §2.3) into `ws.delta`.
-fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tables, meta: &PassMeta, ai: usize, fuse: Fuse) -> Result<(), BackendError> {
+fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tables, ai: usize, fuse: Fuse) -> Result<(), BackendError> {
+    let meta = tb.meta;
     let d = cx.dims;
     let (t, h, hq, hkv, dd) = (meta.tokens, d.h, d.hq, d.hkv, d.d);
     // Steps 1-2: q_proj gives per head D query values then D gate values.

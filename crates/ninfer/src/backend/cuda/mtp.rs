@@ -40,7 +40,7 @@ fn mtp_body(cx: &Ctx, w: &MtpW, st: &mut States, ws: &mut Workspace, tables: &Cu
     // 2. u = fc([e ‖ g]), the residual stream of the MTP layer.
     linear(cx, "mtp.fc", &w.fc, ws.proj.as_view(), t, 2 * h, ws.h.as_view_mut(), h)?;
     // 3. One full-attention decoder layer on the KV cache after the model's.
-    layer(cx, &w.layer, st, ws, &tb, meta, cx.dims.attn_layers)?;
+    layer(cx, &w.layer, st, ws, &tb, cx.dims.attn_layers)?;
     // 4. The draft's hidden state, read by the shared head.
     final_norm(cx, ws, t, w.final_norm)
 }

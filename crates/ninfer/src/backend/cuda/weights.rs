@@ -137,6 +137,7 @@ pub(super) struct MoeW {
     pub fused: bool,
 }
 
+#[allow(clippy::large_enum_variant)] // one per layer, made once at load
 pub(super) enum MixerW {
     Gdn(GdnW),
     Attn(AttnW),
