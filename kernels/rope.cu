@@ -13,7 +13,8 @@
 //        x'[j]         = bf16(bf16(x[j] * c)         - bf16(x[j + rot/2] * s))
 //        x'[j + rot/2] = bf16(bf16(x[j + rot/2] * c) + bf16(x[j] * s))
 //      dims [rot, dim) are unchanged. Positions are 1-D (text: all mRoPE axes equal).
-//   Limits: dim % 8 == 0, dim <= 512, rot even and <= dim, head starts 16-byte aligned.
+//   Limits: dim % 8 == 0, dim <= 512, rot even and <= dim, head starts 16-byte aligned; no two
+//   heads overlap (q and k may share rows: the stacked q/k/v projection output).
 //   Launch: block 128 = 4 warps, one head per warp, grid ceil(tokens * (q_heads + k_heads) / 4).
 #include "common.cuh"
 

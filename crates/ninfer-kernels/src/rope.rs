@@ -96,13 +96,16 @@ pub const ROPE_MAX_DIM: usize = 512;
 impl KernelSet {
     /// In place on q and k heads: optional zero-centred RMSNorm per head (`q_norm`/`k_norm`,
     /// weight `[dim]`), then rotate-half RoPE on the first `rot` dims at `pos[t]` with base
-    /// `theta`, rounding as transformers does in bf16 (see kernels/rope.cu).
+    /// `theta`, rounding as transformers does in bf16 (see kernels/rope.cu). Both live in `qk`:
+    /// the q heads from its start, the k heads from element `k_at` on, either in the same rows
+    /// (one ld, k after the q heads of each row: the stacked q/k/v projection) or after every
+    /// q row.
     pub fn qk_norm_rope(
         &self,
         stream: &CudaStream,
-        q: &mut impl DevicePtrMut<bf16>,
+        qk: &mut impl DevicePtrMut<bf16>,
         q_layout: HeadLayout,
-        k: &mut impl DevicePtrMut<bf16>,
+        k_at: usize,
         k_layout: HeadLayout,
         tokens: usize,
         dim: usize,
@@ -121,14 +124,28 @@ impl KernelSet {
         c.ensure(rot.is_multiple_of(2) && rot <= dim, || {
             format!("rotary dims {rot} for head dim {dim}")
         })?;
-        let (ql, kl, pl) = (q.len(), k.len(), pos.len());
+        let (len, pl) = (qk.len(), pos.len());
+        c.ensure(k_at <= len, || format!("k offset {k_at} past the buffer of {len}"))?;
+        // Disjoint heads: a warp rewrites each head while other warps do the rest.
+        let row = |l: &HeadLayout| match l.heads {
+            0 => 0,
+            n => (n - 1) * l.head_stride + dim,
+        };
+        let same_rows = q_layout.ld == k_layout.ld
+            && row(&q_layout) <= k_at
+            && k_at + row(&k_layout) <= q_layout.ld;
+        let after = tokens == 0 || k_at >= (tokens - 1) * q_layout.ld + row(&q_layout);
+        c.ensure(same_rows || after, || {
+            let (ql, kl) = (q_layout.ld, k_layout.ld);
+            format!("k heads at {k_at} overlap the q heads (ld {ql} / {kl})")
+        })?;
         let (pp, _gp) = dptr(pos, stream);
         let (qn, _gqn) = norm_weight(&c, q_norm, dim, stream)?;
         let (kn, _gkn) = norm_weight(&c, k_norm, dim, stream)?;
-        let (qp, _gq) = dptr_mut(q, stream);
-        let (kp, _gk) = dptr_mut(k, stream);
-        q_layout.check(&c, "q", ql, qp, tokens, dim)?;
-        k_layout.check(&c, "k", kl, kp, tokens, dim)?;
+        let (qp, _gq) = dptr_mut(qk, stream);
+        let kp = qp + (k_at * std::mem::size_of::<bf16>()) as u64;
+        q_layout.check(&c, "q", len, qp, tokens, dim)?;
+        k_layout.check(&c, "k", len - k_at, kp, tokens, dim)?;
         c.len("pos", pl, tokens)?;
         let rows = tokens * (q_layout.heads + k_layout.heads);
         if rows == 0 {

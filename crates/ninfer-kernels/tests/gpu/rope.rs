@@ -1,6 +1,6 @@
 //! rope.cu: per-head q/k norm fused with partial rotate-half RoPE.
 
-use ninfer_kernels::{bf16, HeadLayout};
+use ninfer_kernels::HeadLayout;
 
 use crate::common::*;
 
@@ -31,6 +31,7 @@ fn ref_head(x: &[f32], w: Option<&[f32]>, pos: i32, rot: usize, theta: f32) -> V
 }
 
 fn case(
+    stacked: bool,
     tokens: usize,
     hq: usize,
     hk: usize,
@@ -44,26 +45,32 @@ fn case(
     let s = g.stream();
     let mut rng = Rng::new(seed);
     let theta = 1e7f32;
-    // q as the q_proj output: per head `dim` query values then `dim` gate values.
-    let (q_ld, q_hs) = (hq * 2 * dim, 2 * dim);
-    let (k_ld, k_hs) = (hk * dim, dim);
-    let q = rng.bf16s(tokens * q_ld, 2.0);
-    let k = rng.bf16s(tokens * k_ld, 2.0);
+    // q as the q_proj output: per head `dim` query values then `dim` gate values. Stacked: q
+    // and k heads of a token in one row (then 8 values of another tensor), as the stacked
+    // q/k/v projection writes them; else every q row, then every k row.
+    let q_row = hq * 2 * dim;
+    let (ld, k_at, k_ld) = match stacked {
+        true => (q_row + hk * dim + 8, q_row, q_row + hk * dim + 8),
+        false => (q_row, tokens * q_row, hk * dim),
+    };
+    let (q_ld, q_hs, k_hs) = (ld, 2 * dim, dim);
+    let buf = rng.bf16s(k_at + tokens * k_ld, 2.0);
+    let (q, k) = (&buf[..], &buf[k_at..]);
     let qw = rng.bf16s(dim, 0.4);
     let kw = rng.bf16s(dim, 0.4);
     let pos: Vec<i32> = (0..tokens).map(|_| rng.below(max_pos + 1) as i32).collect();
-    let (mut dq, mut dk) = (up(&s, &q), up(&s, &k));
+    let mut dbuf = up(&s, &buf);
     let (dqw, dkw, dpos) = (up(&s, &qw), up(&s, &kw), up(&s, &pos));
     let (qwv, kwv) = (dqw.slice(..), dkw.slice(..));
     g.ks.qk_norm_rope(
         &s,
-        &mut dq,
+        &mut dbuf,
         HeadLayout {
             heads: hq,
             ld: q_ld,
             head_stride: q_hs,
         },
-        &mut dk,
+        k_at,
         HeadLayout {
             heads: hk,
             ld: k_ld,
@@ -79,7 +86,8 @@ fn case(
         EPS,
     )
     .unwrap();
-    let (gq, gk) = (down(&s, &dq), down(&s, &dk));
+    let gbuf = down(&s, &dbuf);
+    let (gq, gk) = (&gbuf[..], &gbuf[k_at..]);
     let (qwf, kwf) = (to_f32(&qw), to_f32(&kw));
     let (mut got, mut want) = (Vec::new(), Vec::new());
     for t in 0..tokens {
@@ -112,8 +120,15 @@ fn case(
         }
     }
     let name = format!(
-        "qk_norm_rope T={tokens} hq={hq} hk={hk} dim={dim} rot={rot} norm={norm} pos<={max_pos}"
+        "qk_norm_rope T={tokens} hq={hq} hk={hk} dim={dim} rot={rot} norm={norm} pos<={max_pos} stacked={stacked}"
     );
+    // Values outside the heads (gate halves, the row's tail) are untouched.
+    if stacked {
+        for t in 0..tokens {
+            let tail = t * ld + q_row + hk * dim;
+            assert_eq!(&gbuf[tail..tail + 8], &buf[tail..tail + 8], "row tail changed");
+        }
+    }
     assert_close(&name, &got, &want, 1e-2);
     // Dims past the rotary part only see the norm: without it they are untouched.
     if !norm {
@@ -130,15 +145,17 @@ fn case(
 
 #[test]
 fn rope_model_shapes() {
-    case(5, 16, 2, 256, 64, true, 50, 600);
-    case(3, 16, 2, 256, 64, true, 200_000, 601);
-    case(4, 16, 2, 256, 64, false, 1000, 602);
+    case(false, 5, 16, 2, 256, 64, true, 50, 600);
+    case(false, 3, 16, 2, 256, 64, true, 200_000, 601);
+    case(false, 4, 16, 2, 256, 64, false, 1000, 602);
+    case(true, 5, 16, 2, 256, 64, true, 500, 606);
 }
 
 #[test]
 fn rope_small_heads() {
-    case(7, 4, 2, 64, 16, true, 300, 603);
-    case(2, 3, 1, 32, 32, false, 10, 604);
+    case(false, 7, 4, 2, 64, 16, true, 300, 603);
+    case(false, 2, 3, 1, 32, 32, false, 10, 604);
+    case(true, 3, 3, 1, 32, 32, false, 10, 607);
 }
 
 #[test]
@@ -148,17 +165,16 @@ fn rope_position_zero_is_identity_without_norm() {
     let mut rng = Rng::new(605);
     let k = rng.bf16s(2 * 64, 1.0);
     let mut dk = up(&s, &k);
-    let mut dq = up(&s, &[bf16::ZERO; 8]);
     let pos = up(&s, &[0i32]);
     g.ks.qk_norm_rope(
         &s,
-        &mut dq,
+        &mut dk,
         HeadLayout {
             heads: 0,
             ld: 8,
             head_stride: 8,
         },
-        &mut dk,
+        0,
         HeadLayout {
             heads: 2,
             ld: 128,

@@ -386,21 +386,29 @@ fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tab
     let meta = tb.meta;
     let d = cx.dims;
     let (t, h, hq, hkv, dd) = (meta.tokens, d.h, d.hq, d.hkv, d.d);
-    // Steps 1-2: q_proj gives per head D query values then D gate values.
-    first_linear(cx, "attn.q", &at.q, (&ws.h, &mut ws.a), fuse.norm_in, t, ws.proj.as_view_mut(), 2 * hq * dd)?;
-    linear(cx, "attn.k", &at.k, ws.a.as_view(), t, h, ws.k.as_view_mut(), hkv * dd)?;
-    linear(cx, "attn.v", &at.v, ws.a.as_view(), t, h, ws.v.as_view_mut(), hkv * dd)?;
-    let ql = HeadLayout { heads: hq, ld: 2 * hq * dd, head_stride: 2 * dd };
-    let kl = HeadLayout { heads: hkv, ld: hkv * dd, head_stride: dd };
+    // Steps 1-2: each token's row of proj holds per q head D query values then D gate values,
+    // then k, then v: one launch of the stacked matrix, or three.
+    let (ld, k0, v0) = (d.qkv_ld(), 2 * hq * dd, 2 * hq * dd + hkv * dd);
+    match &at.stack {
+        Some(m) => first_linear(cx, "attn.qkv", m, (&ws.h, &mut ws.a), fuse.norm_in, t, ws.proj.as_view_mut(), ld)?,
+        None => {
+            first_linear(cx, "attn.q", &at.q, (&ws.h, &mut ws.a), fuse.norm_in, t, ws.proj.as_view_mut(), ld)?;
+            linear(cx, "attn.k", &at.k, ws.a.as_view(), t, h, ws.proj.slice_mut(k0..), ld)?;
+            linear(cx, "attn.v", &at.v, ws.a.as_view(), t, h, ws.proj.slice_mut(v0..), ld)?;
+        }
+    }
+    let ql = HeadLayout { heads: hq, ld, head_stride: 2 * dd };
+    let kl = HeadLayout { heads: hkv, ld, head_stride: dd };
     // Steps 3-4: q/k norms and partial RoPE at each token's position.
     let (qn, kn) = (cx.arena.bf16(at.q_norm), cx.arena.bf16(at.k_norm));
     let theta = cx.cfg.rope_theta as f32;
     cx.ks
-        .qk_norm_rope(cx.s, &mut ws.proj, ql, &mut ws.k, kl, t, dd, cx.cfg.rotary_dim, Some(&qn), Some(&kn), &tb.pos, theta, cx.cfg.rms_norm_eps)
+        .qk_norm_rope(cx.s, &mut ws.proj, ql, k0, kl, t, dd, cx.cfg.rotary_dim, Some(&qn), Some(&kn), &tb.pos, theta, cx.cfg.rms_norm_eps)
         .map_err(kern)?;
     cx.mark("qk_norm_rope", 0);
     let (kc, vc) = &mut st.kv[ai];
-    cx.ks.kv_write(cx.s, &ws.k, kl, &ws.v, kl, t, dd, &tb.kv_rows, kc, vc, d.cache_rows()).map_err(kern)?;
+    let (k, v) = (ws.proj.slice(k0..), ws.proj.slice(v0..));
+    cx.ks.kv_write(cx.s, &k, kl, &v, kl, t, dd, &tb.kv_rows, kc, vc, d.cache_rows()).map_err(kern)?;
     cx.mark("kv_write", 0);
     // Steps 5-6: causal GQA attention over each slot's pages, times sigmoid(gate).
     let kv = PagedKv { k: kc.slice(..), v: vc.slice(..), page_size: PAGE, kv_heads: hkv, dim: dd };

@@ -122,11 +122,16 @@ impl Dims {
     }
 
     fn proj_elems(&self) -> usize {
-        // z, qkv, b and a side by side (the stacked projection); the MTP's [e ‖ g].
+        // z, qkv, b and a side by side (the stacked projection); q‖gate, k, v; the MTP's [e ‖ g].
         let gdn = if self.linear_layers > 0 { self.vd + self.cd + 2 * self.hv } else { 0 };
-        let attn = if self.kv_layers() > 0 { 2 * self.hq * self.d } else { 0 };
+        let attn = if self.kv_layers() > 0 { self.qkv_ld() } else { 0 };
         let mtp = if self.mtp { 2 * self.h } else { 0 };
         self.t_cap * gdn.max(attn).max(self.vd).max(mtp)
+    }
+
+    /// Row of an attention layer's projections in `proj`: q‖gate per head, then k, then v.
+    pub fn qkv_ld(&self) -> usize {
+        2 * self.hq * self.d + 2 * self.hkv * self.d
     }
 
     fn conv_elems_ws(&self) -> usize {
@@ -169,7 +174,6 @@ impl Dims {
         let bf = 3 * self.t_cap * self.h
             + self.proj_elems()
             + self.conv_elems_ws()
-            + 2 * self.t_cap * self.hkv * self.d
             + self.t_cap * self.vd
             + self.t_cap * 2 * self.hv
             + self.mix_elems()
@@ -230,10 +234,9 @@ pub(super) struct Workspace {
     /// A mixer's output `[T, H]`.
     pub delta: CudaSlice<bf16>,
     /// GDN qkv `[T, Cd]` (or the stacked z‖qkv‖b‖a `[T, Vd + Cd + 2·Hv]`), the gated norm's
-    /// output `[T, Vd]`, attention q‖gate `[T, 2·Hq·D]`, or the MTP's fc input `[T, 2·H]`.
+    /// output `[T, Vd]`, attention q‖gate, k and v side by side `[T, Dims::qkv_ld]`, or the
+    /// MTP's fc input `[T, 2·H]`.
     pub proj: CudaSlice<bf16>,
-    pub k: CudaSlice<bf16>,
-    pub v: CudaSlice<bf16>,
     /// GDN z gate `[T, Vd]`, or the gated norm's output when z is read from the stacked rows.
     pub z: CudaSlice<bf16>,
     /// GDN b then a logits, `[T, 2·Hv]`.
@@ -273,8 +276,6 @@ impl Workspace {
             a: zeros(s, t * d.h, w)?,
             delta: zeros(s, t * d.h, w)?,
             proj: zeros(s, d.proj_elems(), w)?,
-            k: zeros(s, t * d.hkv * d.d, w)?,
-            v: zeros(s, t * d.hkv * d.d, w)?,
             z: zeros(s, t * d.vd, w)?,
             ba: zeros(s, t * 2 * d.hv, w)?,
             conv: zeros(s, d.conv_elems_ws(), w)?,

@@ -111,6 +111,8 @@ pub(super) struct GdnW {
 }
 
 pub(super) struct AttnW {
+    /// q, k and v stacked into one `[2·Hq·D + 2·Hkv·D, H]` matrix, when stored alike.
+    pub stack: Option<DevMat>,
     pub q: DevMat,
     pub k: DevMat,
     pub v: DevMat,
@@ -375,10 +377,14 @@ impl<'a> Planner<'a> {
             }
             LayerKind::FullAttention => {
                 let (hq, hkv, d) = (c.num_attention_heads, c.num_kv_heads, c.head_dim);
+                let names = [(format!("{p}.attn.q"), 2 * hq * d), (format!("{p}.attn.k"), hkv * d), (format!("{p}.attn.v"), hkv * d)];
+                let (mut alone, stack) = self.stacked(&names, h)?;
+                let (v, k, q) = (alone.pop().expect("v"), alone.pop().expect("k"), alone.pop().expect("q"));
                 MixerW::Attn(AttnW {
-                    q: self.mat(&format!("{p}.attn.q"), 1, 2 * hq * d, h)?,
-                    k: self.mat(&format!("{p}.attn.k"), 1, hkv * d, h)?,
-                    v: self.mat(&format!("{p}.attn.v"), 1, hkv * d, h)?,
+                    stack,
+                    q,
+                    k,
+                    v,
                     o: self.mat(&format!("{p}.attn.o"), 1, h, hq * d)?,
                     q_norm: self.bf16_vec(&format!("{p}.attn.q_norm"), &[&[d]])?,
                     k_norm: self.bf16_vec(&format!("{p}.attn.k_norm"), &[&[d]])?,
