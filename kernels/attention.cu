@@ -330,3 +330,188 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(Combi
         gate_store(a.out + (size_t)row * a.dim + c * 8, g, o);
     }
 }
+
+// ninfer_attention_mma: ninfer_attention without splits on the tensor cores, for prompts. The
+//   same arguments and contract (splits == 1), except: dim % 16 == 0, and a block takes qt
+//   query tokens x G heads (qt*G <= 64 rows, 16 rows per warp) against tiles of 32 cache
+//   positions. Scores and P.V run on mma.m16n8k16 (bf16 operands, f32 accumulation); P is
+//   rounded to bf16 as the operand of P.V (as flash attention does) while the row sums add the
+//   f32 P, so the result differs from ninfer_attention's by about one bf16 rounding of P.
+//   Launch: block 128, grid (ceil(max_q_len / qt), kv_heads, seqs), dynamic shared memory
+//   (64 + 2 * 32) * (dim + 8) * 2 bytes: Q, then the K and V tiles, rows padded by 16 bytes.
+#define MMA_ROWS 64
+#define MMA_TILE 32
+#define MMA_THREADS 128
+#define MMA_MAX_NT (ATT_MAX_DIM / 8)
+
+__device__ __forceinline__ uint32_t lds32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// Four 8x8 bf16 matrices from shared memory, transposed: lane l gives the row address of
+// matrix l / 8; register i receives matrix i as the B operand of mma.m16n8k16 wants it.
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const bf16* p) {
+    const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// Two output values of a row with the gate of ninfer_attention's gate_store.
+__device__ __forceinline__ uint32_t gate_pair(float o0, float o1, const bf16* gate) {
+    if (gate == nullptr) return pack_bf2(o0, o1);
+    return pack_bf2(round_bf(o0) * round_bf(sigmoid(bf2f(gate[0]))), round_bf(o1) * round_bf(sigmoid(bf2f(gate[1]))));
+}
+
+// Online softmax of one row's 8 scores held by a lane quad (this lane: 2 per tile of 8):
+// masks positions past `lim` or the cache, moves the running max, turns the scores into
+// exp2(s - m) in place and returns the factor that rescales the row's earlier output and sum.
+__device__ __forceinline__ float softmax_step(float (&sc)[4][4], int half, int p0, int tq, int lim, int kv_end,
+                                              float scale_log2, float& m, float& l) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int pos = p0 + j * 8 + 2 * tq + e;
+            float& v = sc[j][2 * half + e];
+            v = (pos < kv_end && pos <= lim) ? v * scale_log2 : -INFINITY;
+            mx = fmaxf(mx, v);
+        }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m, mx);
+    const float alpha = m == -INFINITY ? 0.f : exp2f(m - m_new);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            float& v = sc[j][2 * half + e];
+            v = v == -INFINITY ? 0.f : exp2f(v - m_new);
+            sum += v;
+        }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    m = m_new;
+    l = l * alpha + sum;
+    return alpha;
+}
+
+extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(AttnArgs a) {
+    grid_release();
+    grid_wait();
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int s = blockIdx.z, kvh = blockIdx.y;
+    const int q0 = a.cu_q[s], q_len = a.cu_q[s + 1] - q0;
+    const int tile_tok = blockIdx.x * a.qt;
+    if (tile_tok >= q_len) return;
+    const int kv_len = a.kv_len[s];
+    const int G = a.q_heads / a.kv_heads;
+    const int R = min(a.qt, q_len - tile_tok) * G;
+    const int D = a.dim, DP = D + 8, chunks = D / 8, nt = D / 8;
+    bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
+    bf16* Ks = Qs + MMA_ROWS * DP;
+    bf16* Vs = Ks + MMA_TILE * DP;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tq = lane & 3;
+
+    for (int i = tid; i < MMA_ROWS * chunks; i += MMA_THREADS) {
+        const int r = i / chunks, c = i - r * chunks;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < R) {
+            const int t = q0 + tile_tok + r / G, h = kvh * G + r % G;
+            v = ldg16(a.q + (size_t)t * a.q_ld + (size_t)h * a.q_hs + c * 8);
+        }
+        *reinterpret_cast<uint4*>(Qs + r * DP + c * 8) = v;
+    }
+    // This lane's rows: 16 * warp + g and 8 below it; each row's last visible position.
+    const int first_pos = kv_len - q_len + tile_tok;
+    const int r_lo = warp * 16 + g, r_hi = r_lo + 8;
+    const int lim_lo = r_lo < R ? first_pos + r_lo / G : -1;
+    const int lim_hi = r_hi < R ? first_pos + r_hi / G : -1;
+    const int warp_rows = min(R - warp * 16, 16);
+    const int warp_lim = warp_rows > 0 ? first_pos + (warp * 16 + warp_rows - 1) / G : -1;
+    const int kv_end = min(kv_len, first_pos + (R - 1) / G + 1);
+
+    float o[MMA_MAX_NT][4];
+#pragma unroll
+    for (int n = 0; n < MMA_MAX_NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+
+    for (int p0 = 0; p0 < kv_end; p0 += MMA_TILE) {
+        __syncthreads();  // the previous tile is consumed (and Q is stored)
+        for (int i = tid; i < MMA_TILE * chunks; i += MMA_THREADS) {
+            const int p = i / chunks, c = i - p * chunks;
+            const int pos = p0 + p;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+            if (pos < kv_end) {
+                const int page = a.block_table[(size_t)s * a.bt_stride + pos / a.page_size];
+                const size_t off = (((size_t)page * a.page_size + pos % a.page_size) * a.kv_heads + kvh) * D + c * 8;
+                kv = ldg16(a.k_cache + off);
+                vv = ldg16(a.v_cache + off);
+            }
+            *reinterpret_cast<uint4*>(Ks + p * DP + c * 8) = kv;
+            *reinterpret_cast<uint4*>(Vs + p * DP + c * 8) = vv;
+        }
+        __syncthreads();
+        if (warp_lim < p0) continue;  // every row of this warp lies before the tile
+        // S = Q K^T: this warp's 16 rows x the tile's 32 positions (4 tiles of 8).
+        float sc[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+        for (int k0 = 0; k0 < D; k0 += 16) {
+            const bf16* qa = Qs + r_lo * DP + k0 + 2 * tq;
+            const uint32_t a0 = lds32(qa), a1 = lds32(qa + 8 * DP), a2 = lds32(qa + 8), a3 = lds32(qa + 8 * DP + 8);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const bf16* kb = Ks + (j * 8 + g) * DP + k0 + 2 * tq;
+                mma_bf16(sc[j], a0, a1, a2, a3, lds32(kb), lds32(kb + 8));
+            }
+        }
+        const float al_lo = softmax_step(sc, 0, p0, tq, lim_lo, kv_end, a.scale_log2, m_lo, l_lo);
+        const float al_hi = softmax_step(sc, 1, p0, tq, lim_hi, kv_end, a.scale_log2, m_hi, l_hi);
+#pragma unroll
+        for (int n = 0; n < MMA_MAX_NT; ++n) {
+            o[n][0] *= al_lo;
+            o[n][1] *= al_lo;
+            o[n][2] *= al_hi;
+            o[n][3] *= al_hi;
+        }
+        // O += P V: P from the score registers as the A operand, two steps of 16 positions.
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+            const uint32_t a0 = pack_bf2(sc[2 * kk][0], sc[2 * kk][1]), a1 = pack_bf2(sc[2 * kk][2], sc[2 * kk][3]);
+            const uint32_t a2 = pack_bf2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            const uint32_t a3 = pack_bf2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            // Lane l addresses row kk*16 + (l / 8 odd ? 8 : 0) + l % 8 of V at dims of tile n + l / 16.
+            const bf16* vrow = Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * DP + (lane >> 4) * 8;
+#pragma unroll
+            for (int n = 0; n < MMA_MAX_NT; n += 2) {
+                if (n < nt) {
+                    uint32_t b[4];
+                    ldsm_x4_trans(b, vrow + n * 8);
+                    mma_bf16(o[n], a0, a1, a2, a3, b[0], b[1]);
+                    mma_bf16(o[n + 1], a0, a1, a2, a3, b[2], b[3]);
+                }
+            }
+        }
+    }
+    // out = o / l, times the gate: this lane writes dims 8n + 2tq, +1 of its two rows.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = half ? r_hi : r_lo;
+        if (r >= R) continue;
+        const float l = half ? l_hi : l_lo;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int t = q0 + tile_tok + r / G, h = kvh * G + r % G;
+        bf16* orow = a.out + ((size_t)t * a.q_heads + h) * D;
+        const bf16* grow = a.gate ? a.gate + (size_t)t * a.q_ld + (size_t)h * a.q_hs : nullptr;
+#pragma unroll
+        for (int n = 0; n < MMA_MAX_NT; ++n) {
+            if (n < nt) {
+                const int d = n * 8 + 2 * tq;
+                const uint32_t v = gate_pair(o[n][2 * half] * inv, o[n][2 * half + 1] * inv, grow ? grow + d : nullptr);
+                *reinterpret_cast<uint32_t*>(orow + d) = v;
+            }
+        }
+    }
+}

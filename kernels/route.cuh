@@ -4,52 +4,54 @@
 #include "common.cuh"
 
 #define ROUTE_PER_LANE 16
-#define NO_EXPERT 0x7fffffff
+
+// The routing order as one 25-bit key: a bf16 logit mapped to an unsigned order (NaN as -inf,
+// -0 as +0), then 511 - expert, so that the larger key is the larger logit and, among equal
+// logits, the lower expert id. 0 is below every key (no expert).
+__device__ __forceinline__ unsigned route_key(bf16 x, int e) {
+    unsigned b = __bfloat16_as_ushort(x);
+    if ((b & 0x7fffu) > 0x7f80u) b = 0xff80u;
+    if (b == 0x8000u) b = 0u;
+    const unsigned m = (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
+    return (m << 9) | (511u - (unsigned)e);
+}
+
+// The logit of a key (route_key's inverse on its top 16 bits).
+__device__ __forceinline__ float key_logit(unsigned k) {
+    const unsigned m = k >> 9;
+    const unsigned short b = (m & 0x8000u) ? (unsigned short)(m & 0x7fffu) : (unsigned short)(~m & 0xffffu);
+    return bf2f(__ushort_as_bfloat16(b));
+}
 
 // Routes one token's row of logits (ninfer_moe_route's contract, by the calling warp): ids and
 // w of token t among `tokens`. Logits are read through L2 (`__ldcg`), so a kernel may route
-// rows that other blocks of the same launch wrote (the fused router product, gemv.cu).
+// rows that other blocks of the same launch wrote (the fused router product, gemv.cu). Each
+// of the topk rounds takes the largest remaining key with one warp max reduction.
 __device__ __forceinline__ void route_row(const bf16* row, int t, int tokens, int experts, int topk, int has_shared,
                                           int* ids, float* w, int lane) {
-    float v[ROUTE_PER_LANE];
+    unsigned key[ROUTE_PER_LANE];
 #pragma unroll
     for (int i = 0; i < ROUTE_PER_LANE; ++i) {
         const int e = lane + 32 * i;
-        const float x = e < experts ? bf2f(__ldcg(row + e)) : -INFINITY;
-        v[i] = isnan(x) ? -INFINITY : x;
+        key[i] = e < experts ? route_key(__ldcg(row + e), e) : 0u;
     }
-    unsigned taken = 0;  // bit i: expert lane + 32*i already selected
     float top = -INFINITY, sum = 0.f, my_p = 0.f;
     int my_id = 0;
     for (int j = 0; j < topk; ++j) {
-        float best = -INFINITY;
-        int best_e = NO_EXPERT;
+        unsigned best = 0u;
 #pragma unroll
-        for (int i = 0; i < ROUTE_PER_LANE; ++i) {
-            const int e = lane + 32 * i;
-            if (e < experts && !((taken >> i) & 1u) &&
-                (best_e == NO_EXPERT || v[i] > best || (v[i] == best && e < best_e))) {
-                best = v[i];
-                best_e = e;
-            }
-        }
+        for (int i = 0; i < ROUTE_PER_LANE; ++i) best = max(best, key[i]);
+        const unsigned win = __reduce_max_sync(0xffffffffu, best);
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-            if (oe != NO_EXPERT &&
-                (best_e == NO_EXPERT || ob > best || (ob == best && oe < best_e))) {
-                best = ob;
-                best_e = oe;
-            }
-        }
-        if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
-        if (j == 0) top = best;
-        const float p = best == -INFINITY ? 0.f : expf(best - top);
+        for (int i = 0; i < ROUTE_PER_LANE; ++i)
+            if (key[i] == win) key[i] = 0u;
+        const float v = key_logit(win);
+        if (j == 0) top = v;
+        const float p = v == -INFINITY ? 0.f : expf(v - top);
         sum += p;
         if (lane == j) {
             my_p = p;
-            my_id = best_e;
+            my_id = 511 - (int)(win & 511u);
         }
     }
     if (lane < topk) {

@@ -98,6 +98,8 @@ device_args!(CombineArgs, 56);
 /// Cache positions per tile and query rows per block of kernels/attention.cu.
 const TILE: usize = 32;
 const ROWS: usize = 32;
+/// Query rows of a block of `ninfer_attention_mma` (16 per warp, 4 warps).
+const MMA_ROWS: usize = 64;
 /// Largest head dim of the attention kernel.
 pub const ATTN_MAX_DIM: usize = 256;
 /// Most KV splits one call uses (`ATT_MAX_SPLITS` in kernels/attention.cu).
@@ -105,6 +107,11 @@ pub const ATTN_MAX_SPLITS: usize = 128;
 
 fn smem_bytes(dim: usize) -> u32 {
     ((ROWS + 2 * TILE) * (dim + 8) * 2 + (ROWS * TILE + 3 * ROWS) * 4) as u32
+}
+
+/// Dynamic shared memory of `ninfer_attention_mma`: Q rows, then the K and V tiles, bf16.
+fn mma_smem_bytes(dim: usize) -> u32 {
+    ((MMA_ROWS + 2 * TILE) * (dim + 8) * 2) as u32
 }
 
 /// f32 elements of split-KV workspace for `tokens` query tokens with `splits` splits.
@@ -191,7 +198,23 @@ impl KernelSet {
         scale: f32,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
-        self.attention_impl(stream, q, q_layout, gate, kv, batch, scale, out, None)
+        self.attention_impl(stream, q, q_layout, gate, kv, batch, scale, out, None, false)
+    }
+
+    /// [`KernelSet::attention`] on the tensor cores (`ninfer_attention_mma`), for prompts: 64
+    /// query rows per block, P rounded to bf16 for P.V. `dim` must be a multiple of 16.
+    pub fn attention_mma(
+        &self,
+        stream: &CudaStream,
+        q: &impl DevicePtr<bf16>,
+        q_layout: HeadLayout,
+        gate: Option<&CudaView<'_, bf16>>,
+        kv: &PagedKv,
+        batch: &AttentionBatch,
+        scale: f32,
+        out: &mut impl DevicePtrMut<bf16>,
+    ) -> Result<()> {
+        self.attention_impl(stream, q, q_layout, gate, kv, batch, scale, out, None, true)
     }
 
     /// As [`KernelSet::attention`], but cutting each sequence's cache into up to
@@ -222,6 +245,7 @@ impl KernelSet {
             scale,
             out,
             Some((wp, wl)),
+            false,
         )
     }
 
@@ -236,9 +260,13 @@ impl KernelSet {
         scale: f32,
         out: &mut impl DevicePtrMut<bf16>,
         workspace: Option<(u64, usize)>,
+        mma: bool,
     ) -> Result<()> {
-        let c = Check::new(Kernel::Attention);
+        let c = Check::new(if mma { Kernel::AttentionMma } else { Kernel::Attention });
         let (q_heads, kv_heads, dim) = (q_layout.heads, kv.kv_heads, kv.dim);
+        c.ensure(!mma || dim.is_multiple_of(16), || {
+            format!("head dim {dim} is not a multiple of 16 (tensor-core attention)")
+        })?;
         c.ensure(
             dim.is_multiple_of(8) && dim > 0 && dim <= ATTN_MAX_DIM,
             || format!("head dim {dim} must be a multiple of 8 in 8..={ATTN_MAX_DIM}"),
@@ -298,7 +326,7 @@ impl KernelSet {
         if batch.tokens == 0 || batch.max_q_len == 0 {
             return Ok(());
         }
-        let qt = (ROWS / group).clamp(1, batch.max_q_len);
+        let qt = (if mma { MMA_ROWS } else { ROWS } / group).clamp(1, batch.max_q_len);
         let q_tiles = batch.max_q_len.div_ceil(qt);
         let base_blocks = batch.seqs * kv_heads * q_tiles;
         let per_split = attention_workspace_len(batch.tokens, q_heads, dim, 1);
@@ -353,10 +381,10 @@ impl KernelSet {
                 c.i32("kv blocks", kv_heads * splits)? as u32,
                 c.i32("seqs", batch.seqs)? as u32,
             ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: smem_bytes(dim),
+            block_dim: (if mma { 128 } else { 256 }, 1, 1),
+            shared_mem_bytes: if mma { mma_smem_bytes(dim) } else { smem_bytes(dim) },
         };
-        self.launch_struct(stream, Kernel::Attention, cfg, &args)?;
+        self.launch_struct(stream, c.kernel, cfg, &args)?;
         if splits == 1 {
             return Ok(());
         }

@@ -89,5 +89,6 @@ kernel_table! {
     KvWrite => "attention", "ninfer_kv_write";
     Attention => "attention", "ninfer_attention";
     AttentionCombine => "attention", "ninfer_attention_combine";
+    AttentionMma => "attention", "ninfer_attention_mma";
     Sample => "sample", "ninfer_sample";
 }

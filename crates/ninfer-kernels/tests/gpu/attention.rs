@@ -133,6 +133,14 @@ fn run(c: &Case, seed: u64) {
         .unwrap();
     assert_close(&name, &to_f32(&down(&s, &out)), &want, 1e-2);
 
+    if d % 16 == 0 {
+        let mut out_mma = nan_bf16(&s, tokens * hq * d);
+        g.ks.attention_mma(&s, &dq, layout, gate, &kv, &batch, scale as f32, &mut out_mma)
+            .unwrap();
+        let got = to_f32(&down(&s, &out_mma));
+        assert_close(&format!("{name} mma"), &got, &want, 1e-2);
+    }
+
     let mut ws = nan_f32(&s, attention_workspace_len(tokens, hq, d, ATTN_MAX_SPLITS));
     let mut out2 = nan_bf16(&s, tokens * hq * d);
     g.ks.attention_split_kv(
@@ -185,6 +193,39 @@ fn prefill_model_heads() {
             gate: true,
         },
         701,
+    );
+}
+
+#[test]
+fn long_prompt_after_context() {
+    // Many query tiles and cache tiles, a prompt continuing 50 cached positions.
+    run(
+        &Case {
+            q_lens: vec![200, 1],
+            kv_lens: vec![250, 33],
+            hq: 16,
+            hkv: 2,
+            dim: 256,
+            page: 64,
+            gate: true,
+        },
+        705,
+    );
+}
+
+#[test]
+fn small_head_dim() {
+    run(
+        &Case {
+            q_lens: vec![19, 40],
+            kv_lens: vec![19, 47],
+            hq: 4,
+            hkv: 2,
+            dim: 16,
+            page: 8,
+            gate: true,
+        },
+        706,
     );
 }
 

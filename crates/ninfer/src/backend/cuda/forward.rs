@@ -427,6 +427,9 @@ fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tab
     if meta.max_q == 1 {
         // Decode: few query rows, long caches; the cache is cut into ranges over more blocks.
         cx.ks.attention_split_kv(cx.s, &ws.proj, ql, Some(&gate), &kv, &batch, scale, &mut ws.mix, &mut ws.attn_part).map_err(kern)?;
+    } else if dd.is_multiple_of(16) {
+        // Prompts: whole query tiles against the cache on the tensor cores.
+        cx.ks.attention_mma(cx.s, &ws.proj, ql, Some(&gate), &kv, &batch, scale, &mut ws.mix).map_err(kern)?;
     } else {
         cx.ks.attention(cx.s, &ws.proj, ql, Some(&gate), &kv, &batch, scale, &mut ws.mix).map_err(kern)?;
     }
