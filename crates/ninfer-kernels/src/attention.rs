@@ -326,7 +326,8 @@ impl KernelSet {
         if batch.tokens == 0 || batch.max_q_len == 0 {
             return Ok(());
         }
-        let qt = (if mma { MMA_ROWS } else { ROWS } / group).clamp(1, batch.max_q_len);
+        let rows = if mma { MMA_ROWS } else { ROWS };
+        let qt = (rows / group).clamp(1, batch.max_q_len);
         let q_tiles = batch.max_q_len.div_ceil(qt);
         let base_blocks = batch.seqs * kv_heads * q_tiles;
         let per_split = attention_workspace_len(batch.tokens, q_heads, dim, 1);
