@@ -256,7 +256,7 @@ pub(super) fn layer(cx: &Ctx, lw: &LayerW, st: &mut States, ws: &mut Workspace, 
     // router product norms h again (storing a for the experts).
     let first = match &lw.mixer {
         MixerW::Gdn(g) => g.stack.as_ref().map_or(&g.qkv, |s| &s.m),
-        MixerW::Attn(at) => &at.q,
+        MixerW::Attn(at) => at.stack.as_ref().unwrap_or(&at.q),
     };
     let router = lw.moe.router_gate.as_ref().unwrap_or(&lw.moe.router);
     let fuse = Fuse {
