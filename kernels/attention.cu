@@ -111,6 +111,21 @@ __device__ __forceinline__ void gate_store(bf16* out, const bf16* gate, const fl
     *reinterpret_cast<uint4*>(out) = pack_bf8(r);
 }
 
+// The block's query rows into shared memory, `rows` of dim + 8 elements: row r < R is token
+// t0 + r / G, head kvh * G + r % G; rows R..rows - 1 are zero.
+__device__ __forceinline__ void load_q_tile(const AttnArgs& a, bf16* Qs, int rows, int R, int t0, int kvh, int G) {
+    const int chunks = a.dim / 8, DP = a.dim + 8;
+    for (int i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
+        const int r = i / chunks, c = i - r * chunks;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < R) {
+            const int t = t0 + r / G, h = kvh * G + r % G;
+            v = ldg16(a.q + (size_t)t * a.q_ld + (size_t)h * a.q_hs + c * 8);
+        }
+        *reinterpret_cast<uint4*>(Qs + r * DP + c * 8) = v;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) ninfer_attention(AttnArgs a) {
     grid_release();
     grid_wait();
@@ -137,15 +152,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) ninfer_attention(AttnA
     float* Arow = Lrow + ATT_ROWS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    for (int i = tid; i < ATT_ROWS * chunks; i += ATT_THREADS) {
-        const int r = i / chunks, c = i - r * chunks;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < R) {
-            const int t = q0 + tile_tok + r / G, h = kvh * G + r % G;
-            v = ldg16(a.q + (size_t)t * a.q_ld + (size_t)h * a.q_hs + c * 8);
-        }
-        *reinterpret_cast<uint4*>(Qs + r * DP + c * 8) = v;
-    }
+    load_q_tile(a, Qs, ATT_ROWS, R, q0 + tile_tok, kvh, G);
     if (tid < ATT_ROWS) {
         Mrow[tid] = -INFINITY;
         Lrow[tid] = 0.f;
@@ -414,15 +421,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(A
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;
 
-    for (int i = tid; i < MMA_ROWS * chunks; i += MMA_THREADS) {
-        const int r = i / chunks, c = i - r * chunks;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < R) {
-            const int t = q0 + tile_tok + r / G, h = kvh * G + r % G;
-            v = ldg16(a.q + (size_t)t * a.q_ld + (size_t)h * a.q_hs + c * 8);
-        }
-        *reinterpret_cast<uint4*>(Qs + r * DP + c * 8) = v;
-    }
+    load_q_tile(a, Qs, MMA_ROWS, R, q0 + tile_tok, kvh, G);
     // This lane's rows: 16 * warp + g and 8 below it; each row's last visible position.
     const int first_pos = kv_len - q_len + tile_tok;
     const int r_lo = warp * 16 + g, r_hi = r_lo + 8;
