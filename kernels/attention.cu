@@ -126,6 +126,26 @@ __device__ __forceinline__ void load_q_tile(const AttnArgs& a, bf16* Qs, int row
     }
 }
 
+// Cache positions p0 .. p0 + 31 of sequence s, kv head kvh, into the K and V tiles (32 rows
+// of dim + 8 elements each); positions from kv_end on are zero.
+__device__ __forceinline__ void load_kv_tile(const AttnArgs& a, int s, int kvh, int p0, int kv_end, bf16* Ks, bf16* Vs) {
+    const int D = a.dim, chunks = D / 8, DP = D + 8;
+    for (int i = threadIdx.x; i < ATT_TILE * chunks; i += blockDim.x) {
+        const int p = i / chunks, c = i - p * chunks;
+        const int pos = p0 + p;
+        uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+        if (pos < kv_end) {
+            const int page = a.block_table[(size_t)s * a.bt_stride + pos / a.page_size];
+            const size_t row = (size_t)page * a.page_size + pos % a.page_size;
+            const size_t off = (row * a.kv_heads + kvh) * D + c * 8;
+            kv = ldg16(a.k_cache + off);
+            vv = ldg16(a.v_cache + off);
+        }
+        *reinterpret_cast<uint4*>(Ks + p * DP + c * 8) = kv;
+        *reinterpret_cast<uint4*>(Vs + p * DP + c * 8) = vv;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) ninfer_attention(AttnArgs a) {
     grid_release();
     grid_wait();
@@ -170,20 +190,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) ninfer_attention(AttnA
 
     for (int p0 = kv_begin; p0 < kv_end; p0 += ATT_TILE) {
         __syncthreads();  // previous tile fully consumed (and Q/M/L initialised)
-        for (int i = tid; i < ATT_TILE * chunks; i += ATT_THREADS) {
-            const int p = i / chunks, c = i - p * chunks;
-            const int pos = p0 + p;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-            if (pos < kv_end) {
-                const int page = a.block_table[(size_t)s * a.bt_stride + pos / a.page_size];
-                const size_t row = (size_t)page * a.page_size + pos % a.page_size;
-                const size_t off = (row * a.kv_heads + kvh) * D + c * 8;
-                kv = ldg16(a.k_cache + off);
-                vv = ldg16(a.v_cache + off);
-            }
-            *reinterpret_cast<uint4*>(Ks + p * DP + c * 8) = kv;
-            *reinterpret_cast<uint4*>(Vs + p * DP + c * 8) = vv;
-        }
+        load_kv_tile(a, s, kvh, p0, kv_end, Ks, Vs);
         __syncthreads();
         // Scores: lane = cache position within the tile, warp w takes rows w, w+8, w+16, w+24.
         {
@@ -347,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(Combi
 //   Launch: block 128, grid (ceil(max_q_len / qt), kv_heads, seqs), dynamic shared memory
 //   (64 + 2 * 32) * (dim + 8) * 2 bytes: Q, then the K and V tiles, rows padded by 16 bytes.
 #define MMA_ROWS 64
-#define MMA_TILE 32
+#define MMA_TILE ATT_TILE  // load_kv_tile's tile
 #define MMA_THREADS 128
 #define MMA_MAX_NT (ATT_MAX_DIM / 8)
 
@@ -414,7 +421,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(A
     const int kv_len = a.kv_len[s];
     const int G = a.q_heads / a.kv_heads;
     const int R = min(a.qt, q_len - tile_tok) * G;
-    const int D = a.dim, DP = D + 8, chunks = D / 8, nt = D / 8;
+    const int D = a.dim, DP = D + 8, nt = D / 8;
     bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
     bf16* Ks = Qs + MMA_ROWS * DP;
     bf16* Vs = Ks + MMA_TILE * DP;
@@ -438,19 +445,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(A
 
     for (int p0 = 0; p0 < kv_end; p0 += MMA_TILE) {
         __syncthreads();  // the previous tile is consumed (and Q is stored)
-        for (int i = tid; i < MMA_TILE * chunks; i += MMA_THREADS) {
-            const int p = i / chunks, c = i - p * chunks;
-            const int pos = p0 + p;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-            if (pos < kv_end) {
-                const int page = a.block_table[(size_t)s * a.bt_stride + pos / a.page_size];
-                const size_t off = (((size_t)page * a.page_size + pos % a.page_size) * a.kv_heads + kvh) * D + c * 8;
-                kv = ldg16(a.k_cache + off);
-                vv = ldg16(a.v_cache + off);
-            }
-            *reinterpret_cast<uint4*>(Ks + p * DP + c * 8) = kv;
-            *reinterpret_cast<uint4*>(Vs + p * DP + c * 8) = vv;
-        }
+        load_kv_tile(a, s, kvh, p0, kv_end, Ks, Vs);
         __syncthreads();
         if (warp_lim < p0) continue;  // every row of this warp lies before the tile
         // S = Q K^T: this warp's 16 rows x the tile's 32 positions (4 tiles of 8).
