@@ -126,23 +126,40 @@ __device__ __forceinline__ void load_q_tile(const AttnArgs& a, bf16* Qs, int row
     }
 }
 
+// 16 bytes from global to shared memory without passing through registers (zeros when !valid,
+// nothing read); the copies of a group land by cp_async_wait.
+__device__ __forceinline__ void cp_async16(bf16* dst, const bf16* src, bool valid) {
+    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory"); }
+
 // Cache positions p0 .. p0 + 31 of sequence s, kv head kvh, into the K and V tiles (32 rows
-// of dim + 8 elements each); positions from kv_end on are zero.
+// of dim + 8 elements each); positions from kv_end on are zero. ASYNC: by cp.async, the
+// caller commits and waits.
+template <bool ASYNC>
 __device__ __forceinline__ void load_kv_tile(const AttnArgs& a, int s, int kvh, int p0, int kv_end, bf16* Ks, bf16* Vs) {
     const int D = a.dim, chunks = D / 8, DP = D + 8;
     for (int i = threadIdx.x; i < ATT_TILE * chunks; i += blockDim.x) {
         const int p = i / chunks, c = i - p * chunks;
         const int pos = p0 + p;
-        uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-        if (pos < kv_end) {
+        const bool valid = pos < kv_end;
+        size_t off = 0;
+        if (valid) {
             const int page = a.block_table[(size_t)s * a.bt_stride + pos / a.page_size];
             const size_t row = (size_t)page * a.page_size + pos % a.page_size;
-            const size_t off = (row * a.kv_heads + kvh) * D + c * 8;
-            kv = ldg16(a.k_cache + off);
-            vv = ldg16(a.v_cache + off);
+            off = (row * a.kv_heads + kvh) * D + c * 8;
         }
-        *reinterpret_cast<uint4*>(Ks + p * DP + c * 8) = kv;
-        *reinterpret_cast<uint4*>(Vs + p * DP + c * 8) = vv;
+        if (ASYNC) {
+            cp_async16(Ks + p * DP + c * 8, a.k_cache + off, valid);
+            cp_async16(Vs + p * DP + c * 8, a.v_cache + off, valid);
+        } else {
+            const uint4 zero = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4*>(Ks + p * DP + c * 8) = valid ? ldg16(a.k_cache + off) : zero;
+            *reinterpret_cast<uint4*>(Vs + p * DP + c * 8) = valid ? ldg16(a.v_cache + off) : zero;
+        }
     }
 }
 
@@ -190,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) ninfer_attention(AttnA
 
     for (int p0 = kv_begin; p0 < kv_end; p0 += ATT_TILE) {
         __syncthreads();  // previous tile fully consumed (and Q/M/L initialised)
-        load_kv_tile(a, s, kvh, p0, kv_end, Ks, Vs);
+        load_kv_tile<false>(a, s, kvh, p0, kv_end, Ks, Vs);
         __syncthreads();
         // Scores: lane = cache position within the tile, warp w takes rows w, w+8, w+16, w+24.
         {
@@ -345,14 +362,16 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(Combi
     }
 }
 
-// ninfer_attention_mma: ninfer_attention without splits on the tensor cores, for prompts. The
-//   same arguments and contract (splits == 1), except: dim % 16 == 0, and a block takes qt
-//   query tokens x G heads (qt*G <= 64 rows, 16 rows per warp) against tiles of 32 cache
-//   positions. Scores and P.V run on mma.m16n8k16 (bf16 operands, f32 accumulation); P is
-//   rounded to bf16 as the operand of P.V (as flash attention does) while the row sums add the
-//   f32 P, so the result differs from ninfer_attention's by about one bf16 rounding of P.
-//   Launch: block 128, grid (ceil(max_q_len / qt), kv_heads, seqs), dynamic shared memory
-//   (64 + 2 * 32) * (dim + 8) * 2 bytes: Q, then the K and V tiles, rows padded by 16 bytes.
+// ninfer_attention_mma: ninfer_attention on the tensor cores: the same arguments and contract
+//   (splits and their partials included), except: dim % 16 == 0, and a block takes qt query
+//   tokens x G heads (qt*G <= 64 rows, 16 rows per warp) against tiles of 32 cache positions,
+//   the next tile's K and V copied (cp.async) while the current one is used. Scores and P.V
+//   run on mma.m16n8k16 (bf16 operands, f32 accumulation); P is rounded to bf16 as the operand
+//   of P.V (as flash attention does) while the row sums add the f32 P, so the result differs
+//   from ninfer_attention's by about one bf16 rounding of P.
+//   Launch: block 128, grid (ceil(max_q_len / qt), kv_heads * splits, seqs), dynamic shared
+//   memory (64 + 4 * 32) * (dim + 8) * 2 bytes: Q, then two K and V tile pairs, rows padded
+//   by 16 bytes.
 #define MMA_ROWS 64
 #define MMA_TILE ATT_TILE  // load_kv_tile's tile
 #define MMA_THREADS 128
@@ -414,7 +433,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(A
     grid_release();
     grid_wait();
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    const int s = blockIdx.z, kvh = blockIdx.y;
+    const int s = blockIdx.z, kvh = blockIdx.y / a.splits, split = blockIdx.y - kvh * a.splits;
     const int q0 = a.cu_q[s], q_len = a.cu_q[s + 1] - q0;
     const int tile_tok = blockIdx.x * a.qt;
     if (tile_tok >= q_len) return;
@@ -423,8 +442,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(A
     const int R = min(a.qt, q_len - tile_tok) * G;
     const int D = a.dim, DP = D + 8, nt = D / 8;
     bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
-    bf16* Ks = Qs + MMA_ROWS * DP;
-    bf16* Vs = Ks + MMA_TILE * DP;
+    bf16* Kb = Qs + MMA_ROWS * DP;  // tile pair b: K at Kb + 2b * 32 * DP, V right after it
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;
 
@@ -436,18 +454,32 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(A
     const int lim_hi = r_hi < R ? first_pos + r_hi / G : -1;
     const int warp_rows = min(R - warp * 16, 16);
     const int warp_lim = warp_rows > 0 ? first_pos + (warp * 16 + warp_rows - 1) / G : -1;
-    const int kv_end = min(kv_len, first_pos + (R - 1) / G + 1);
+    const int kv_begin = split * a.split_len;
+    const int kv_end = min(min(kv_len, kv_begin + a.split_len), first_pos + (R - 1) / G + 1);
 
     float o[MMA_MAX_NT][4];
 #pragma unroll
     for (int n = 0; n < MMA_MAX_NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
 
-    for (int p0 = 0; p0 < kv_end; p0 += MMA_TILE) {
-        __syncthreads();  // the previous tile is consumed (and Q is stored)
-        load_kv_tile(a, s, kvh, p0, kv_end, Ks, Vs);
-        __syncthreads();
+    if (kv_begin < kv_end) {
+        load_kv_tile<true>(a, s, kvh, kv_begin, kv_end, Kb, Kb + MMA_TILE * DP);
+        cp_async_commit();
+    }
+    for (int p0 = kv_begin, buf = 0; p0 < kv_end; p0 += MMA_TILE, buf ^= 1) {
+        __syncthreads();  // the other pair is consumed (and Q is stored)
+        if (p0 + MMA_TILE < kv_end) {
+            bf16* nk = Kb + (buf ^ 1) * 2 * MMA_TILE * DP;
+            load_kv_tile<true>(a, s, kvh, p0 + MMA_TILE, kv_end, nk, nk + MMA_TILE * DP);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // this tile has landed for every thread
         if (warp_lim < p0) continue;  // every row of this warp lies before the tile
+        const bf16* Ks = Kb + buf * 2 * MMA_TILE * DP;
+        const bf16* Vs = Ks + MMA_TILE * DP;
         // S = Q K^T: this warp's 16 rows x the tile's 32 positions (4 tiles of 8).
         float sc[4][4];
 #pragma unroll
@@ -489,14 +521,27 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(A
             }
         }
     }
-    // out = o / l, times the gate: this lane writes dims 8n + 2tq, +1 of its two rows.
+    // Without splits out = o / l, times the gate; with them the partials. This lane writes dims
+    // 8n + 2tq, +1 of its two rows.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = half ? r_hi : r_lo;
         if (r >= R) continue;
         const float l = half ? l_hi : l_lo;
-        const float inv = l > 0.f ? 1.f / l : 0.f;
         const int t = q0 + tile_tok + r / G, h = kvh * G + r % G;
+        if (a.splits > 1) {
+            const size_t base = ((size_t)t * a.q_heads + h) * a.splits + split;
+#pragma unroll
+            for (int n = 0; n < MMA_MAX_NT; ++n)
+                if (n < nt)
+                    *reinterpret_cast<float2*>(a.part_o + base * D + n * 8 + 2 * tq) = make_float2(o[n][2 * half], o[n][2 * half + 1]);
+            if (tq == 0) {
+                a.part_ml[base * 2] = half ? m_hi : m_lo;
+                a.part_ml[base * 2 + 1] = l;
+            }
+            continue;
+        }
+        const float inv = l > 0.f ? 1.f / l : 0.f;
         bf16* orow = a.out + ((size_t)t * a.q_heads + h) * D;
         const bf16* grow = a.gate ? a.gate + (size_t)t * a.q_ld + (size_t)h * a.q_hs : nullptr;
 #pragma unroll

@@ -109,9 +109,20 @@ fn smem_bytes(dim: usize) -> u32 {
     ((ROWS + 2 * TILE) * (dim + 8) * 2 + (ROWS * TILE + 3 * ROWS) * 4) as u32
 }
 
-/// Dynamic shared memory of `ninfer_attention_mma`: Q rows, then the K and V tiles, bf16.
+/// Dynamic shared memory of `ninfer_attention_mma`: Q rows, then two K and V tile pairs, bf16.
 fn mma_smem_bytes(dim: usize) -> u32 {
-    ((MMA_ROWS + 2 * TILE) * (dim + 8) * 2) as u32
+    ((MMA_ROWS + 4 * TILE) * (dim + 8) * 2) as u32
+}
+
+/// Which kernel of kernels/attention.cu runs an attention launch; both take the same arguments
+/// and give the same result up to one bf16 rounding of the probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnTiles {
+    /// `ninfer_attention`: f32 products on the CUDA cores, any head dim that is a multiple of 8.
+    Simt,
+    /// `ninfer_attention_mma`: bf16 products on the tensor cores, K/V tiles copied ahead; head
+    /// dim a multiple of 16.
+    Mma,
 }
 
 /// f32 elements of split-KV workspace for `tokens` query tokens with `splits` splits.
@@ -189,6 +200,7 @@ impl KernelSet {
     /// `out [tokens, q_heads, dim]`. `scale` is the softmax scale (1/sqrt(dim) in the model).
     pub fn attention(
         &self,
+        tiles: AttnTiles,
         stream: &CudaStream,
         q: &impl DevicePtr<bf16>,
         q_layout: HeadLayout,
@@ -198,23 +210,7 @@ impl KernelSet {
         scale: f32,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
-        self.attention_impl(stream, q, q_layout, gate, kv, batch, scale, out, None, false)
-    }
-
-    /// [`KernelSet::attention`] on the tensor cores (`ninfer_attention_mma`), for prompts: 64
-    /// query rows per block, P rounded to bf16 for P.V. `dim` must be a multiple of 16.
-    pub fn attention_mma(
-        &self,
-        stream: &CudaStream,
-        q: &impl DevicePtr<bf16>,
-        q_layout: HeadLayout,
-        gate: Option<&CudaView<'_, bf16>>,
-        kv: &PagedKv,
-        batch: &AttentionBatch,
-        scale: f32,
-        out: &mut impl DevicePtrMut<bf16>,
-    ) -> Result<()> {
-        self.attention_impl(stream, q, q_layout, gate, kv, batch, scale, out, None, true)
+        self.attention_impl(tiles, stream, q, q_layout, gate, kv, batch, scale, out, None)
     }
 
     /// As [`KernelSet::attention`], but cutting each sequence's cache into up to
@@ -223,6 +219,7 @@ impl KernelSet {
     /// [`attention_workspace_len`] for the splits chosen; fewer splits are used if it is short.
     pub fn attention_split_kv(
         &self,
+        tiles: AttnTiles,
         stream: &CudaStream,
         q: &impl DevicePtr<bf16>,
         q_layout: HeadLayout,
@@ -236,6 +233,7 @@ impl KernelSet {
         let wl = workspace.len();
         let (wp, _gw) = dptr_mut(workspace, stream);
         self.attention_impl(
+            tiles,
             stream,
             q,
             q_layout,
@@ -245,12 +243,12 @@ impl KernelSet {
             scale,
             out,
             Some((wp, wl)),
-            false,
         )
     }
 
     fn attention_impl(
         &self,
+        tiles: AttnTiles,
         stream: &CudaStream,
         q: &impl DevicePtr<bf16>,
         q_layout: HeadLayout,
@@ -260,8 +258,8 @@ impl KernelSet {
         scale: f32,
         out: &mut impl DevicePtrMut<bf16>,
         workspace: Option<(u64, usize)>,
-        mma: bool,
     ) -> Result<()> {
+        let mma = tiles == AttnTiles::Mma;
         let c = Check::new(if mma { Kernel::AttentionMma } else { Kernel::Attention });
         let (q_heads, kv_heads, dim) = (q_layout.heads, kv.kv_heads, kv.dim);
         c.ensure(!mma || dim.is_multiple_of(16), || {

@@ -44,7 +44,7 @@ pub use half::{bf16, f16};
 
 #[cfg(feature = "build-cubins")]
 pub use attention::{
-    attention_workspace_len, AttentionBatch, PagedKv, ATTN_MAX_DIM, ATTN_MAX_SPLITS,
+    attention_workspace_len, AttentionBatch, AttnTiles, PagedKv, ATTN_MAX_DIM, ATTN_MAX_SPLITS,
 };
 #[cfg(feature = "build-cubins")]
 pub use experts::GROUPED_MAX_TOKENS;

@@ -1,7 +1,8 @@
 //! attention.cu: KV cache writes, causal gated GQA attention over pages, split-KV decode.
 
 use ninfer_kernels::{
-    attention_workspace_len, bf16, AttentionBatch, HeadLayout, PagedKv, ATTN_MAX_SPLITS,
+    attention_workspace_len, bf16, AttentionBatch, AttnTiles, HeadLayout, PagedKv,
+    ATTN_MAX_SPLITS,
 };
 
 use crate::common::*;
@@ -128,39 +129,41 @@ fn run(c: &Case, seed: u64) {
         c.q_lens, c.kv_lens, c.gate
     );
 
-    let mut out = nan_bf16(&s, tokens * hq * d);
-    g.ks.attention(&s, &dq, layout, gate, &kv, &batch, scale as f32, &mut out)
-        .unwrap();
-    assert_close(&name, &to_f32(&down(&s, &out)), &want, 1e-2);
-
-    if d % 16 == 0 {
-        let mut out_mma = nan_bf16(&s, tokens * hq * d);
-        g.ks.attention_mma(&s, &dq, layout, gate, &kv, &batch, scale as f32, &mut out_mma)
+    // Both kernels (the tensor-core one takes head dims that are multiples of 16), each plain
+    // and split-KV.
+    let tiles: &[AttnTiles] = if d % 16 == 0 {
+        &[AttnTiles::Simt, AttnTiles::Mma]
+    } else {
+        &[AttnTiles::Simt]
+    };
+    for &t in tiles {
+        let mut out = nan_bf16(&s, tokens * hq * d);
+        g.ks.attention(t, &s, &dq, layout, gate, &kv, &batch, scale as f32, &mut out)
             .unwrap();
-        let got = to_f32(&down(&s, &out_mma));
-        assert_close(&format!("{name} mma"), &got, &want, 1e-2);
-    }
+        assert_close(&format!("{name} {t:?}"), &to_f32(&down(&s, &out)), &want, 1e-2);
 
-    let mut ws = nan_f32(&s, attention_workspace_len(tokens, hq, d, ATTN_MAX_SPLITS));
-    let mut out2 = nan_bf16(&s, tokens * hq * d);
-    g.ks.attention_split_kv(
-        &s,
-        &dq,
-        layout,
-        gate,
-        &kv,
-        &batch,
-        scale as f32,
-        &mut out2,
-        &mut ws,
-    )
-    .unwrap();
-    assert_close(
-        &format!("{name} split-kv"),
-        &to_f32(&down(&s, &out2)),
-        &want,
-        1e-2,
-    );
+        let mut ws = nan_f32(&s, attention_workspace_len(tokens, hq, d, ATTN_MAX_SPLITS));
+        let mut out2 = nan_bf16(&s, tokens * hq * d);
+        g.ks.attention_split_kv(
+            t,
+            &s,
+            &dq,
+            layout,
+            gate,
+            &kv,
+            &batch,
+            scale as f32,
+            &mut out2,
+            &mut ws,
+        )
+        .unwrap();
+        assert_close(
+            &format!("{name} {t:?} split-kv"),
+            &to_f32(&down(&s, &out2)),
+            &want,
+            1e-2,
+        );
+    }
 }
 
 #[test]

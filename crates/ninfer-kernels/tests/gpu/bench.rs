@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ninfer_kernels::cudarc::driver::{sys::CUevent_flags, CudaStream};
 use ninfer_kernels::{
-    attention_workspace_len, AttentionBatch, DeltaForm, GdnDims, HeadLayout, PagedKv, SamplingRow,
+    attention_workspace_len, AttentionBatch, AttnTiles, DeltaForm, GdnDims, HeadLayout, PagedKv, SamplingRow,
     SeqSlots,
 };
 
@@ -258,10 +258,11 @@ fn bench_attention_gdn_sample() {
         // Decode: the launcher's split count (at most 128), then fewer, capped by the workspace
         // it is given (the split-KV partials and their combine cost against the parallelism).
         let caps: &[usize] = if q_len == 1 { &[128, 32, 8, 2] } else { &[128] };
-        for &cap in caps {
+        for (&cap, tiles) in caps.iter().flat_map(|c| [(c, AttnTiles::Simt), (c, AttnTiles::Mma)]) {
             let mut ws = nan_f32(&s, attention_workspace_len(q_len, hq, d, cap));
             let ms = time_ms(&s, 10, || {
                 g.ks.attention_split_kv(
+                    tiles,
                     &s,
                     &q,
                     layout,
@@ -275,8 +276,8 @@ fn bench_attention_gdn_sample() {
                 .unwrap()
             });
             let name = match cap {
-                128 => format!("attention ctx={ctx} q={q_len}"),
-                _ => format!("attention ctx={ctx} q={q_len} splits<={cap}"),
+                128 => format!("attention {tiles:?} ctx={ctx} q={q_len}"),
+                _ => format!("attention {tiles:?} ctx={ctx} q={q_len} splits<={cap}"),
             };
             let bytes = if q_len == 1 { (2 * ctx * hkv * d * 2) as f64 } else { 0.0 };
             report(&name, ms, bytes);

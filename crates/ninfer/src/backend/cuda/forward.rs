@@ -15,7 +15,7 @@ use std::sync::Arc;
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use ninfer_kernels::{
-    AttentionBatch, ConvTail, DeltaForm, GdnDims, GDN_CHUNK_MIN, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
+    AttentionBatch, AttnTiles, ConvTail, DeltaForm, GdnDims, GDN_CHUNK_MIN, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
     GEMV_MAX_BATCH, GROUPED_MAX_TOKENS,
 };
 
@@ -424,14 +424,13 @@ fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tab
     };
     let gate = ws.proj.slice(dd..);
     let scale = 1.0 / (dd as f32).sqrt();
+    // The tensor-core kernel wherever the head dim allows it.
+    let tiles = if dd.is_multiple_of(16) { AttnTiles::Mma } else { AttnTiles::Simt };
     if meta.max_q == 1 {
         // Decode: few query rows, long caches; the cache is cut into ranges over more blocks.
-        cx.ks.attention_split_kv(cx.s, &ws.proj, ql, Some(&gate), &kv, &batch, scale, &mut ws.mix, &mut ws.attn_part).map_err(kern)?;
-    } else if dd.is_multiple_of(16) {
-        // Prompts: whole query tiles against the cache on the tensor cores.
-        cx.ks.attention_mma(cx.s, &ws.proj, ql, Some(&gate), &kv, &batch, scale, &mut ws.mix).map_err(kern)?;
+        cx.ks.attention_split_kv(tiles, cx.s, &ws.proj, ql, Some(&gate), &kv, &batch, scale, &mut ws.mix, &mut ws.attn_part).map_err(kern)?;
     } else {
-        cx.ks.attention(cx.s, &ws.proj, ql, Some(&gate), &kv, &batch, scale, &mut ws.mix).map_err(kern)?;
+        cx.ks.attention(tiles, cx.s, &ws.proj, ql, Some(&gate), &kv, &batch, scale, &mut ws.mix).map_err(kern)?;
     }
     // Every sequence reads its K and V rows (the longest bounds the others).
     cx.mark("attention", meta.seqs * meta.max_kv * 2 * hkv * dd * 2);
