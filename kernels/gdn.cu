@@ -266,9 +266,9 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_gdn_chunked(RecArgs a) 
     extern __shared__ float4 smem_chunk[];
     const int dk = a.dk, ldk = dk + 4;
     const ChunkSmem sm = chunk_smem(reinterpret_cast<float*>(smem_chunk), dk);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int h = blockIdx.y, s = blockIdx.z, j0 = blockIdx.x * 32;
-    const int kh = h / (a.hv / a.hk);
+    const int s = blockIdx.z, j0 = blockIdx.x * 32;
+    const Walker wk = walker(a, j0);
+    const int lane = wk.lane, warp = wk.slice, h = wk.h, kh = wk.kh;
     const int t0 = a.cu[s], t1 = a.cu[s + 1];
     float* gst = a.state + ((size_t)a.slot[s] * a.hv + h) * dk * a.dv;
     for (int i = threadIdx.x; i < dk * 32; i += blockDim.x) {
@@ -276,19 +276,15 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_gdn_chunked(RecArgs a) 
         sm.s[k * GDN_LDS + c] = j0 + c < a.dv ? gst[(size_t)k * a.dv + j0 + c] : 0.f;
     }
     __syncthreads();  // a walked first chunk reads rows that other warps loaded
-    const float neg_a = -expf(a.a_log[h]);
-    const float dtb = a.dt_bias[h];
-    const float qscale = rsqrtf((float)dk);
     const int t = lane;        // chunk row of this thread in the 32 x 32 products
     const int j4 = warp * 4;   // its 4 value columns (block-relative)
-    const Walker wk = walker(a, j0);
     for (int c0 = t0; c0 < t1; c0 += GDN_CHUNK) {
         const int n = min(GDN_CHUNK, t1 - c0);
         if (n < GDN_CHUNK_MIN) {  // a short chunk: token by token, as ninfer_gdn_recurrent
             float S[GDN_KPT];
 #pragma unroll
             for (int i = 0; i < GDN_KPT; ++i) S[i] = i < wk.kpt ? sm.s[(wk.k0 + i) * GDN_LDS + lane] : 0.f;
-            for (int t = c0; t < c0 + n; ++t) walk_token(a, wk, t, S);
+            for (int tok = c0; tok < c0 + n; ++tok) walk_token(a, wk, tok, S);
 #pragma unroll
             for (int i = 0; i < GDN_KPT; ++i)
                 if (i < wk.kpt) sm.s[(wk.k0 + i) * GDN_LDS + lane] = S[i];
@@ -307,7 +303,7 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_gdn_chunked(RecArgs a) 
                 sq += q * q;
                 sk += k * k;
             }
-            const float rq = rsqrtf(warp_sum1(sq) + 1e-6f) * qscale;
+            const float rq = rsqrtf(warp_sum1(sq) + 1e-6f) * wk.qscale;
             const float rk = rsqrtf(warp_sum1(sk) + 1e-6f);
             for (int i = lane; i < dk; i += 32) {
                 sm.q[r * ldk + i] *= rq;
@@ -316,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_gdn_chunked(RecArgs a) 
             if (lane == 0) {
                 const size_t gi = (size_t)(c0 + r) * a.ld_ba + h;
                 sm.beta[r] = r < n ? round_bf(sigmoid(bf2f(a.b[gi]))) : 0.f;
-                sm.g[r] = r < n ? neg_a * softplus(bf2f(a.a[gi]) + dtb) : 0.f;
+                sm.g[r] = r < n ? wk.neg_a * softplus(bf2f(a.a[gi]) + wk.dtb) : 0.f;
             }
         }
         __syncthreads();

@@ -184,15 +184,20 @@ pub(super) fn run_pass(
 ) -> Result<(), BackendError> {
     upload_tables(cx, tables, meta)?;
     body(cx, st, ws, tables, meta)?;
-    let n = meta.logit_rows.len();
+    heads(cx, ws, tables, meta.logit_rows.len(), &mut out)?;
+    cx.s.synchronize().map_err(drv("running the step"))
+}
+
+/// The head over the pass's `n` logit rows, LOGIT_ROWS at a time, each batch fetched into `out`.
+pub(super) fn heads(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, n: usize, out: &mut Fetch) -> Result<(), BackendError> {
     let mut c0 = 0;
     while c0 < n {
         let rc = (n - c0).min(LOGIT_ROWS);
         head(cx, ws, tables, c0, rc)?;
-        fetch(cx, ws, &mut out, c0, rc)?;
+        fetch(cx, ws, out, c0, rc)?;
         c0 += rc;
     }
-    cx.s.synchronize().map_err(drv("running the step"))
+    Ok(())
 }
 
 /// Copies (or reduces on the GPU, then copies) the logits of head rows `c0..c0 + rc`, which the

@@ -276,26 +276,37 @@ impl CudaBackend {
 
     /// Every row is checked before any state changes.
     fn validate(&self, rows: &[StepInput<'_>]) -> Result<Vec<RowSpec>, BackendError> {
-        let vocab = self.config.vocab_size;
         let mut specs = Vec::with_capacity(rows.len());
         for (i, r) in rows.iter().enumerate() {
-            let have = self.len_of(r.slot)?;
             if rows[..i].iter().any(|o| o.slot == r.slot) {
                 return Err(BackendError::Model(format!("slot {:?} appears twice in one step", r.slot)));
             }
-            if let Some(&id) = r.tokens.iter().find(|&&t| t as usize >= vocab) {
-                return Err(BackendError::BadToken { id, vocab });
-            }
-            if have + r.tokens.len() > self.max_context {
-                return Err(BackendError::ContextFull { max: self.max_context, needed: have + r.tokens.len() });
-            }
-            specs.push(RowSpec { slot: r.slot.0, have, n: r.tokens.len(), all_logits: r.all_logits });
+            specs.push(self.row_spec(r.slot, self.len_of(r.slot)?, r.tokens, r.all_logits)?);
         }
+        self.check_pages(&specs)?;
+        Ok(specs)
+    }
+
+    /// `tokens` continuing a sequence of `have` positions in `slot`: ids in the vocabulary and
+    /// room in the context.
+    fn row_spec(&self, slot: SlotId, have: usize, tokens: &[u32], all_logits: bool) -> Result<RowSpec, BackendError> {
+        let vocab = self.config.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(BackendError::BadToken { id, vocab });
+        }
+        if have + tokens.len() > self.max_context {
+            return Err(BackendError::ContextFull { max: self.max_context, needed: have + tokens.len() });
+        }
+        Ok(RowSpec { slot: slot.0, have, n: tokens.len(), all_logits })
+    }
+
+    /// Whether the pool has the pages the rows add to their slots.
+    fn check_pages(&self, specs: &[RowSpec]) -> Result<(), BackendError> {
         let needed: usize = specs.iter().map(|r| (r.have + r.n).div_ceil(PAGE).saturating_sub(self.slot_pages[r.slot as usize].len())).sum();
         if needed > self.free_pages.len() {
             return Err(BackendError::KvFull { needed, free: self.free_pages.len(), total: self.dims.kv_pages });
         }
-        Ok(specs)
+        Ok(())
     }
 
     /// Gives every row's slot the pages its new tokens need (validated to be free).

@@ -10,9 +10,9 @@ use half::bf16;
 use ninfer_kernels::cudarc::driver::CudaSlice;
 use ninfer_kernels::Rows;
 
-use super::forward::{fetch, final_norm, head, layer, linear, upload_tables, Ctx, Fetch, Tables};
-use super::memory::{States, Workspace, LOGIT_ROWS, PAGE};
-use super::plan::{pass_meta, split_passes, PassMeta, RowSpec};
+use super::forward::{final_norm, heads, layer, linear, upload_tables, Ctx, Fetch, Tables};
+use super::memory::{States, Workspace, PAGE};
+use super::plan::{pass_meta, split_passes, PassMeta};
 use super::weights::MtpW;
 use super::{drv, kern, BackendError, CudaBackend, RowLogits, RowOutput, SlotId, StepInput};
 
@@ -62,7 +62,9 @@ impl CudaBackend {
     /// Rows in the slot's MTP cache.
     pub fn mtp_len(&self, slot: SlotId) -> Result<usize, BackendError> {
         self.len_of(slot)?;
-        self.mtp_ready()?;
+        if self.model.mtp.is_none() {
+            return Err(BackendError::Model("the MTP block is not loaded".into()));
+        }
         Ok(self.mtp_lens[slot.0 as usize])
     }
 
@@ -71,10 +73,6 @@ impl CudaBackend {
         let have = self.mtp_len(slot)?;
         self.mtp_lens[slot.0 as usize] = have.min(len);
         Ok(())
-    }
-
-    fn mtp_ready(&self) -> Result<&MtpW, BackendError> {
-        self.model.mtp.as_ref().ok_or_else(|| BackendError::Model("the MTP block is not loaded".into()))
     }
 
     /// MTP rows (tokens[i], hiddens[i]) continuing the slot's MTP cache at positions
@@ -87,17 +85,8 @@ impl CudaBackend {
         if hiddens.len() != n * h {
             return Err(BackendError::Model(format!("{} hidden values for {n} MTP rows of {h}", hiddens.len())));
         }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= v) {
-            return Err(BackendError::BadToken { id, vocab: v });
-        }
-        if have + n > self.max_context {
-            return Err(BackendError::ContextFull { max: self.max_context, needed: have + n });
-        }
-        let spec = RowSpec { slot: slot.0, have, n, all_logits };
-        let needed = (have + n).div_ceil(PAGE).saturating_sub(self.slot_pages[slot.0 as usize].len());
-        if needed > self.free_pages.len() {
-            return Err(BackendError::KvFull { needed, free: self.free_pages.len(), total: self.dims.kv_pages });
-        }
+        let spec = self.row_spec(slot, have, tokens, all_logits)?;
+        self.check_pages(&[spec])?;
         self.take_pages(&[spec]);
         let w = self.model.mtp.as_ref().expect("mtp_len checked the block");
         let cx = Ctx { ks: &self.ks, s: &self.stream, cfg: &self.config, dims: &self.dims, model: &self.model, arena: &self.arena, prof: None };
@@ -112,13 +101,7 @@ impl CudaBackend {
             mtp_body(&cx, w, &mut self.states, &mut self.ws, &self.tables, &meta)?;
             let k = meta.logit_rows.len();
             let mut logits = vec![0f32; k * v];
-            let mut c0 = 0;
-            while c0 < k {
-                let rc = (k - c0).min(LOGIT_ROWS);
-                head(&cx, &mut self.ws, &self.tables, c0, rc)?;
-                fetch(&cx, &mut self.ws, &mut Fetch::Logits(&mut logits), c0, rc)?;
-                c0 += rc;
-            }
+            heads(&cx, &mut self.ws, &self.tables, k, &mut Fetch::Logits(&mut logits))?;
             out.hidden.extend(fetch_hidden(&cx, &self.ws, meta.tokens)?);
             out.logits.values.extend(logits);
             out.logits.rows += k;

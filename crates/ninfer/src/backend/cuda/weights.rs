@@ -442,15 +442,16 @@ pub(super) fn plan<'a>(art: &'a Artifact, c: &ModelConfig, mtp: bool) -> Result<
     let layers = (0..c.num_layers).map(|i| p.layer(c, &format!("layers.{i}"), c.layer_types[i])).collect::<Result<Vec<_>, _>>()?;
     let final_norm = p.bf16_vec("final_norm", &[&[h]])?;
     let head = p.mat("head", 1, v, h)?;
-    let mtp = match mtp && art.component("mtp").is_some() {
-        true => Some(MtpW {
+    let mtp = if mtp && art.component("mtp").is_some() {
+        Some(MtpW {
             norm_emb: p.bf16_vec("mtp.norm_emb", &[&[h]])?,
             norm_hidden: p.bf16_vec("mtp.norm_hidden", &[&[h]])?,
             fc: p.mat("mtp.fc", 1, h, 2 * h)?,
             layer: p.layer(c, "mtp.layers.0", LayerKind::FullAttention)?,
             final_norm: p.bf16_vec("mtp.final_norm", &[&[h]])?,
-        }),
-        false => None,
+        })
+    } else {
+        None
     };
     let Planner { items, total, .. } = p;
     Ok(WeightPlan { art, items, total, model: ModelW { embed, layers, final_norm, head, mtp } })
