@@ -368,7 +368,12 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(Combi
 //   the next tile's K and V copied (cp.async) while the current one is used. Scores and P.V
 //   run on mma.m16n8k16 (bf16 operands, f32 accumulation); P is rounded to bf16 as the operand
 //   of P.V (as flash attention does) while the row sums add the f32 P, so the result differs
-//   from ninfer_attention's by about one bf16 rounding of P.
+//   from ninfer_attention's by about one bf16 rounding of P. The running max m is rounded up
+//   to a whole number (log2 units; part_ml then holds that integer): P, its bf16 rounding and
+//   every rescaling change by exact powers of two when m moves, so a row cut into splits (a
+//   decode step) rounds P as the unsplit row of a prompt does, and the two differ only by the
+//   order of the f32 sums (a real max made them differ by a bf16 rounding of most of P, which
+//   flipped an expert choice of the tiny-b golden model downstream).
 //   Launch: block 128, grid (ceil(max_q_len / qt), kv_heads * splits, seqs), dynamic shared
 //   memory (64 + 4 * 32) * (dim + 8) * 2 bytes: Q, then two K and V tile pairs, rows padded
 //   by 16 bytes.
@@ -395,8 +400,9 @@ __device__ __forceinline__ uint32_t gate_pair(float o0, float o1, const bf16* ga
 }
 
 // Online softmax of one row's 8 scores held by a lane quad (this lane: 2 per tile of 8):
-// masks positions past `lim` or the cache, moves the running max, turns the scores into
-// exp2(s - m) in place and returns the factor that rescales the row's earlier output and sum.
+// masks positions past `lim` or the cache, moves the running max (a whole number, see the
+// contract), turns the scores into exp2(s - m) in place and returns the factor that rescales
+// the row's earlier output and sum.
 __device__ __forceinline__ float softmax_step(float (&sc)[4][4], int half, int p0, int tq, int lim, int kv_end,
                                               float scale_log2, float& m, float& l) {
     float mx = -INFINITY;
@@ -411,7 +417,7 @@ __device__ __forceinline__ float softmax_step(float (&sc)[4][4], int half, int p
         }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m, mx);
+    const float m_new = fmaxf(m, ceilf(mx));
     const float alpha = m == -INFINITY ? 0.f : exp2f(m - m_new);
     float sum = 0.f;
 #pragma unroll

@@ -44,8 +44,13 @@
 //
 // Dependent launch (common.cuh): the dense kernels load their first weight chunks and ask L2
 // for the rest of their rows before grid_wait(), so a projection's weights stream in while the
-// kernel ahead of it (a norm, the recurrence) finishes; the expert kernels wait first (their
-// experts are data), except the shared expert's slots of gate_up.
+// kernel ahead of it (a norm, the recurrence) finishes. gate_up's routed slots wait first
+// (their experts are data written by the kernel ahead), its shared slots load first; gate_up
+// lets its dependents start only after its own grid_wait(), so once a down block runs the
+// routing that gate_up waited for is complete, and down reads the ids and loads its first
+// weights before its grid_wait() (the exception to common.cuh's rule: down's ids come from
+// the kernel two launches back, never from gate_up). Down must therefore follow gate_up, or a
+// launch that is not dependent (ids copied from the host, a timing event in between).
 #include "gemv.cuh"
 
 
@@ -227,7 +232,6 @@ __device__ __forceinline__ void gemv_mma_body(const GemvArgs& a) {
 template <typename Enc>
 __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
     constexpr int CH = Enc::CHUNK;
-    grid_release();
     const int lane = threadIdx.x & 31;
     const int s = blockIdx.x;
     const bool shared = s >= a.tokens * a.topk;
@@ -238,7 +242,10 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
     const int t = shared ? s - a.tokens * a.topk : s / a.topk;
     // A routed slot's expert comes from the kernel ahead; the shared expert's rows do not, so
     // its slots load them before waiting.
-    if (!shared) grid_wait();
+    if (!shared) {
+        grid_wait();
+        grid_release();  // after the wait: down reads the ids before its own (header)
+    }
     const int e = shared ? 0 : __ldg(a.ids + s);
     bf16* out = static_cast<bf16*>(a.y) + (size_t)s * inter + j;
     if (e < 0 || e >= m.experts) {
@@ -254,7 +261,10 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
         rg = Enc::load(m, e, j, c);
         ru = Enc::load(m, e, inter + j, c);
     }
-    if (shared) grid_wait();
+    if (shared) {
+        grid_wait();
+        grid_release();
+    }
     while (c < nchunks) {
         const int cn = c + 32;
         typename Enc::Raw ng = rg, nu = ru;
@@ -281,27 +291,16 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
 
 #define DOWN_BATCH 6
 
+// One batch of a down row's (slot, chunk) pairs, lane `lane`'s pairs base, base + 32, ...:
+// where they live and, loaded, their weights.
 template <typename Enc>
-__device__ __forceinline__ void down_body(const BankArgs& a) {
-    constexpr int CH = Enc::CHUNK;
-    grid_release();
-    grid_wait();
-    const int lane = threadIdx.x & 31;
-    const int t = blockIdx.x;
-    const int n = blockIdx.y * 8 + (threadIdx.x >> 5);
-    if (n >= a.bank.rows) return;
-    const int nchunks = a.bank.cols / CH;
-    const int routed = a.topk;
-    const int nslots = routed + (a.has_shared ? 1 : 0);
-    float acc = 0.f;
-    // (slot, chunk) pairs are spread over the lanes so that short rows (I = 512) keep every
-    // lane busy; each lane issues the loads of up to DOWN_BATCH pairs before using any of them
-    // and applies each pair's routing weight to its partial dot product.
-    const int total = nslots * nchunks;
-    for (int base = lane; base < total; base += 32 * DOWN_BATCH) {
-        typename Enc::Raw raw[DOWN_BATCH];
-        int slot[DOWN_BATCH], expert[DOWN_BATCH], chunk[DOWN_BATCH];
-        bool use[DOWN_BATCH], shared[DOWN_BATCH];
+struct DownBatch {
+    typename Enc::Raw raw[DOWN_BATCH];
+    int slot[DOWN_BATCH], expert[DOWN_BATCH], chunk[DOWN_BATCH];
+    bool use[DOWN_BATCH], shared[DOWN_BATCH];
+
+    // ids through L2 (__ldcg): the first batch is loaded before grid_wait() (header).
+    __device__ __forceinline__ void load(const BankArgs& a, int t, int n, int base, int total, int nchunks) {
 #pragma unroll
         for (int k = 0; k < DOWN_BATCH; ++k) {
             const int idx = base + 32 * k;
@@ -310,14 +309,19 @@ __device__ __forceinline__ void down_body(const BankArgs& a) {
             if (idx < total) {
                 const int j = idx / nchunks;
                 chunk[k] = idx - j * nchunks;
-                shared[k] = j >= routed;
+                shared[k] = j >= a.topk;
                 slot[k] = shared[k] ? a.tokens * a.topk + t : t * a.topk + j;
-                expert[k] = shared[k] ? 0 : __ldg(a.ids + slot[k]);
+                expert[k] = shared[k] ? 0 : __ldcg(a.ids + slot[k]);
                 const Mat m = shared[k] ? a.shared : a.bank;
                 use[k] = expert[k] >= 0 && expert[k] < m.experts;
                 if (use[k]) raw[k] = Enc::load(m, expert[k], n, chunk[k]);
             }
         }
+    }
+
+    // The batch's weighted partial dot products, added to acc in pair order.
+    __device__ __forceinline__ void use_all(const BankArgs& a, int n, float& acc) const {
+        constexpr int CH = Enc::CHUNK;
 #pragma unroll
         for (int k = 0; k < DOWN_BATCH; ++k) {
             if (!use[k]) continue;
@@ -327,6 +331,31 @@ __device__ __forceinline__ void down_body(const BankArgs& a) {
             const float d = chunk_dot<Enc>(w, sc, a.x + (size_t)slot[k] * a.ldx + (size_t)chunk[k] * CH);
             acc += __ldg(a.route_w + slot[k]) * row_multiplier<Enc>(m, expert[k], n) * d;
         }
+    }
+};
+
+template <typename Enc>
+__device__ __forceinline__ void down_body(const BankArgs& a) {
+    grid_release();
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x;
+    const int n = blockIdx.y * 8 + (threadIdx.x >> 5);
+    if (n >= a.bank.rows) return;
+    const int nchunks = a.bank.cols / Enc::CHUNK;
+    const int nslots = a.topk + (a.has_shared ? 1 : 0);
+    // (slot, chunk) pairs are spread over the lanes so that short rows (I = 512) keep every
+    // lane busy; each lane issues the loads of up to DOWN_BATCH pairs before using any of them
+    // and applies each pair's routing weight to its partial dot product. The first batch (a
+    // decode row's every pair at I = 512, top 8 + shared) streams in while gate_up still runs.
+    const int total = nslots * nchunks;
+    float acc = 0.f;
+    DownBatch<Enc> b;
+    b.load(a, t, n, lane, total, nchunks);
+    grid_wait();
+    b.use_all(a, n, acc);
+    for (int base = lane + 32 * DOWN_BATCH; base < total; base += 32 * DOWN_BATCH) {
+        b.load(a, t, n, base, total, nchunks);
+        b.use_all(a, n, acc);
     }
     acc = warp_sum1(acc);
     if (lane == 0) store_out(a.y, (size_t)t * a.ldy + n, acc, a.out_f32, a.accumulate);
