@@ -38,8 +38,8 @@
 
 // The product of the row that `fill` builds in shared memory, each warp taking rows
 // blockIdx.x * 8 + warp + k * gridDim.x * 8 (a grid of fewer blocks than ceil(N / 8) streams
-// several rows per warp), then `epi(row, v)` by lane 0 of each row's warp after its store (v:
-// the f32 sum times the row's multiplier). No early return: the block synchronises on the
+// several rows per warp), then `epi(row, v)` by every lane of each row's warp after lane 0's
+// store (v: the f32 sum times the row's multiplier, the same bits in every lane). No early return: the block synchronises on the
 // row, and the router kernel after this. Building the row once
 // per block, not per element inside the dot product, keeps the product bound by its weights:
 // the per-element norm made the GDN input projection 50 % slower (decode profile of commit
@@ -63,11 +63,9 @@ __device__ __forceinline__ void row_product(const GemvArgs& a, Fill fill, Epi ep
         [&](int c, const float (&w)[CH], const float (&sc)[Enc::GROUPS]) { acc += chunk_dot<Enc, true>(w, sc, xs + (size_t)c * CH); },
         [&](int row) {
             acc = warp_sum1(acc);
-            if (lane == 0) {
-                const float v = acc * row_multiplier<Enc>(a.m, 0, row);
-                store_out(a.y, row, v, a.out_f32, a.accumulate);
-                epi(row, v);
-            }
+            const float v = acc * row_multiplier<Enc>(a.m, 0, row);
+            if (lane == 0) store_out(a.y, row, v, a.out_f32, a.accumulate);
+            epi(row, v);
             acc = 0.f;
         });
 }
@@ -177,20 +175,41 @@ struct NormConvArgs {
 };
 static_assert(sizeof(NormConvArgs) == 152, "mirrored in crates/ninfer-kernels/src/fused.rs");
 
+// Lane k of a warp convolves the warp's k-th row (rows per warp <= 32, the launcher's check):
+// it loads that row's conv state right after grid_wait(), ahead of the norm, into shared memory
+// (registers held across the product cost the kernel a resident block), so that no row's
+// epilogue waits on memory (loaded in the epilogue, slot then state, the two round trips per
+// row held up each warp's next row).
 template <typename Enc>
 __device__ __forceinline__ void norm_conv_body(const NormConvArgs& a) {
-    row_product<Enc>(a.n.g, [&](bf16* xs) { fill_norm(xs, a.n); }, [&](int row, float v) {
-        const int c = row - a.lo;
-        if (c < 0 || c >= a.channels) return;
-        const size_t C = a.channels;
-        bf16* st = a.state + (size_t)*a.slot * 3 * C + c;
-        const float h0 = bf2f(st[0]), h1 = bf2f(st[C]), h2 = bf2f(st[2 * C]);
-        const float x = round_bf(v);
-        a.conv_y[c] = conv4_silu(__ldg(reinterpret_cast<const uint2*>(a.conv_w + (size_t)c * 4)), h0, h1, h2, x);
-        st[0] = f2bf(h1);
-        st[C] = f2bf(h2);
-        st[2 * C] = f2bf(x);
-    });
+    __shared__ float hist[3][FUSED_THREADS];
+    __shared__ uint2 taps[FUSED_THREADS];
+    const int lane = threadIdx.x & 31, me = threadIdx.x;
+    const size_t C = a.channels;
+    const int my_c = blockIdx.x * 8 + (threadIdx.x >> 5) + lane * gridDim.x * 8 - a.lo;
+    const bool mine = my_c >= 0 && my_c < a.channels;
+    if (mine) taps[me] = __ldg(reinterpret_cast<const uint2*>(a.conv_w + (size_t)my_c * 4));
+    int k = 0;
+    row_product<Enc>(
+        a.n.g,
+        [&](bf16* xs) {
+            if (mine) {
+                const bf16* st = a.state + (size_t)*a.slot * 3 * C + my_c;
+                hist[0][me] = bf2f(st[0]);
+                hist[1][me] = bf2f(st[C]);
+                hist[2][me] = bf2f(st[2 * C]);
+            }
+            fill_norm(xs, a.n);
+        },
+        [&](int, float v) {
+            if (k++ != lane || !mine) return;
+            const float x = round_bf(v), h1 = hist[1][me], h2 = hist[2][me];
+            a.conv_y[my_c] = conv4_silu(taps[me], hist[0][me], h1, h2, x);
+            bf16* st = a.state + (size_t)*a.slot * 3 * C + my_c;
+            st[0] = f2bf(h1);
+            st[C] = f2bf(h2);
+            st[2 * C] = f2bf(x);
+        });
 }
 
 struct GatedArgs {
@@ -206,8 +225,17 @@ static_assert(sizeof(GatedArgs) == 112, "mirrored in crates/ninfer-kernels/src/f
 // norm.cu's ninfer_gated_rms_norm computes and rounds it. (The block-wide form of fill_norm,
 // tried here, made the output projection 19 % slower on the H200.)
 __device__ __forceinline__ void fill_gated(bf16* xs, const GatedArgs& a) {
-    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    for (int hd = threadIdx.x >> 5; hd < a.g.m.cols / a.dim; hd += warps) {
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, heads = a.g.m.cols / a.dim;
+    // Every piece of the warp's heads asked of L1 first: the heads, taken in turn, then find
+    // their rows there instead of waiting on L2 twice each.
+    for (int c = lane; c < a.dim / 8; c += NINFER_WARP) {
+        prefetch_l1(a.norm_w + c * 8);
+        for (int hd = threadIdx.x >> 5; hd < heads; hd += warps) {
+            prefetch_l1(a.g.x + (size_t)hd * a.dim + c * 8);
+            prefetch_l1(a.z + (size_t)hd * a.dim + c * 8);
+        }
+    }
+    for (int hd = threadIdx.x >> 5; hd < heads; hd += warps) {
         const bf16* x = a.g.x + (size_t)hd * a.dim;
         const bf16* z = a.z + (size_t)hd * a.dim;
         const float inv = inv_rms(x, a.dim, a.eps, lane);

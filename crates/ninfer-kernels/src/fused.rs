@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, De
 use half::bf16;
 
 use crate::gdn::GDN_CONV_WIDTH;
-use crate::gemv::{Encoding, GemvArgs, GemvOut, MatrixView};
+use crate::gemv::{Encoding, GemvArgs, GemvOut, MatrixView, ROWS_PER_BLOCK};
 use crate::launch::{device_args, dptr, dptr_mut, Check, Result};
 use crate::loader::KernelSet;
 use crate::table::Kernel;
@@ -147,6 +147,9 @@ impl KernelSet {
         let ch = conv.w.len() / GDN_CONV_WIDTH;
         c.ensure(ch > 0 && conv.lo + ch <= w.rows, || format!("conv rows {}..{} of {} rows", conv.lo, conv.lo + ch, w.rows))?;
         c.ensure(conv.state.len().is_multiple_of((GDN_CONV_WIDTH - 1) * ch), || format!("conv state of {} for {ch} channels", conv.state.len()))?;
+        // Lane k of a warp convolves the warp's k-th row (fused.cu).
+        let per_warp = w.rows.div_ceil(self.row_grid(c.kernel, w.rows) as usize * ROWS_PER_BLOCK);
+        c.ensure(per_warp <= 32, || format!("{} rows take {per_warp} per warp on this card, more than the conv epilogue's 32", w.rows))?;
         let (yl, sl, (yp, _gy)) = (y.len(), conv.slot.len(), dptr_mut(y, stream));
         c.len("y", yl, w.rows)?;
         c.len("slot", sl, 1)?;
