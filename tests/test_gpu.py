@@ -18,8 +18,9 @@ percentiles of 6-10 %. So the GPU is held to:
 - greedy decoding, teacher-forced on the golden tokens: the same logit bounds, and the golden
   argmax at 80% or more of the steps where the golden's two best logits are at least MARGIN
   apart (relative to the logits' rms); the free-running tokens are reported;
-- splitting a prompt into chunks or decoding instead of prefilling changes no row's arithmetic
-  on the GPU: those comparisons are tight.
+- splitting a prompt into chunks or decoding instead of prefilling changes a row's arithmetic
+  only by f32 summation order: median row error below 5e-3, and at most 2 % of a prompt's
+  rows (an expert choice flipped by a near-tie) above 2e-2.
 """
 
 from __future__ import annotations
@@ -43,8 +44,13 @@ SELF_TOL = 1e-2
 # A prompt cut into pieces runs its projections at other batch sizes, and a single row takes
 # the SIMT GEMV where 2-16 rows take the tensor-core one (another f32 summation order): the
 # rounding differences then travel through every bf16 activation. The golden bound still
-# applies to both (check_spread).
+# applies to both (check_spread). Rows differ by ~1e-3; a row whose router sees two experts
+# within a bf16 step of each other can take the other one (~0.1 on the H200: tiny-b/bf16's
+# decode row at 3e93b8c, tiny-c/nvfp4's row 103 of p150 at ddc6a6a, every other row of those
+# prompts below 4e-3), so up to CHUNK_FLIPS of a prompt's rows may lie above CHUNK_TOL.
 CHUNK_TOL = 2e-2
+CHUNK_MEDIAN_TOL = 5e-3
+CHUNK_FLIPS = 0.02
 MARGIN = 0.1
 
 DEMO = Path(__file__).resolve().parents[1] / "python" / "ninfer" / "models" / "demo.ninfer"
@@ -167,7 +173,11 @@ def test_golden_chunks_and_decode_equal_one_prefill(gpu_runner: Callable[[str, s
             parts = [step(runner, s, ids[a:b], vocab, all_logits=True) for a, b in zip(cuts, cuts[1:])]
             parts.append(step(runner, s, [nxt], vocab)[None])
         err = rel_err(np.concatenate(parts), whole)
-        assert err.max() < CHUNK_TOL, f"{model}/{recipe} prompt {key}: chunked vs whole {err.max():.2e} at row {int(err.argmax())}"
+        what = f"{model}/{recipe} prompt {key}: chunked vs whole"
+        assert not np.isnan(err).any(), f"{what}: NaN at rows {np.flatnonzero(np.isnan(err))}"
+        assert np.median(err) < CHUNK_MEDIAN_TOL, f"{what}: median row error {np.median(err):.2e}"
+        far = np.flatnonzero(err >= CHUNK_TOL)
+        assert len(far) <= max(1, int(CHUNK_FLIPS * len(err))), f"{what}: rows {far} above {CHUNK_TOL} (errors {err[far]})"
 
 
 def demo_vocab() -> int:
