@@ -44,10 +44,14 @@ fn main() {
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
+    // The watched paths are relative to this package, not absolute: the build script's output
+    // is keyed without the checkout's path, so two checkouts sharing one target directory
+    // would otherwise each watch the other's kernels and take its cubins.
+    const KERNELS: &str = "../../kernels";
+    println!("cargo:rerun-if-changed={KERNELS}");
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
-    let kernel_dir = manifest.join("../../kernels");
+    let kernel_dir = manifest.join(KERNELS);
     let kernel_dir = kernel_dir.canonicalize().unwrap_or(kernel_dir);
-    println!("cargo:rerun-if-changed={}", kernel_dir.display());
 
     let mut sources = Vec::new();
     let entries = fs::read_dir(&kernel_dir).unwrap_or_else(|e| {
@@ -58,7 +62,7 @@ fn main() {
     });
     for entry in entries.flatten() {
         let path = entry.path();
-        println!("cargo:rerun-if-changed={}", path.display());
+        println!("cargo:rerun-if-changed={KERNELS}/{}", entry.file_name().to_string_lossy());
         if path.extension().is_some_and(|x| x == "cu") {
             sources.push(path);
         }
