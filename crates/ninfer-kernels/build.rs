@@ -46,7 +46,9 @@ fn main() {
     }
     // The watched paths are relative to this package, not absolute: the build script's output
     // is keyed without the checkout's path, so two checkouts sharing one target directory
-    // would otherwise each watch the other's kernels and take its cubins.
+    // would otherwise each watch the other's kernels and take its cubins. Cargo compares
+    // modification times with its last run, so a checkout whose kernels are older than that
+    // run still needs `touch kernels/*.cu` (or a target directory of its own).
     const KERNELS: &str = "../../kernels";
     println!("cargo:rerun-if-changed={KERNELS}");
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
