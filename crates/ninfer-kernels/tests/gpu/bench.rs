@@ -126,6 +126,42 @@ fn bench_gemv_norm() {
 
 #[test]
 #[ignore]
+fn bench_gemv_gnorm() {
+    // The GDN output projection of a decode step (2048 x 4096, q8_g32) plain and with its gated
+    // norm built in: at head widths that give each warp 4 heads in turn (the model's 32 x 128),
+    // 1 (8 x 512) and 8 (64 x 64), and with a quarter of the rows (a quarter of the blocks
+    // reading the same input row). Where the fused launch's time beyond the plain one goes:
+    // heads built in turn, or every block reading the same row at once.
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(1004);
+    let k = 4096;
+    let (x, z) = (up(&s, &rng.bf16s(k, 1.0)), up(&s, &rng.bf16s(k, 1.0)));
+    for n in [2048, 512] {
+        let host = HostMat::random(Enc::Q8, 1, n, k, 1, &mut rng);
+        let ms: Vec<_> = (0..8).map(|_| host.upload(&s)).collect();
+        let mut y = nan_bf16(&s, n);
+        let bytes = n as f64 * k as f64 * 1.0625;
+        let mut turn = 0;
+        let plain = time_ms(&s, 24, || {
+            turn = (turn + 1) % ms.len();
+            g.ks.gemv(&s, &ms[turn].view(), &x, 1, k, &mut y, n).unwrap()
+        });
+        report(&format!("gemv Q8 {n}x{k} b=1, bf16 out"), plain, bytes);
+        for dim in [128, 512, 64] {
+            let w = up(&s, &rng.bf16s(dim, 0.1));
+            let fused = time_ms(&s, 24, || {
+                turn = (turn + 1) % ms.len();
+                g.ks.gemv_gnorm(&s, &ms[turn].view(), &x, &z, (&w, dim, 1e-6), &mut y, false).unwrap()
+            });
+            report(&format!("gemv_gnorm Q8 {n}x{k} b=1, {} heads of {dim}", k / dim), fused, bytes);
+        }
+        finite_f32(&to_f32(&down(&s, &y)));
+    }
+}
+
+#[test]
+#[ignore]
 fn bench_moe_decode() {
     let Some(g) = gpu() else { return };
     let s = g.stream();
