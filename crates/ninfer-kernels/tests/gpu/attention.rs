@@ -17,6 +17,13 @@ struct Case {
     gate: bool,
 }
 
+impl Case {
+    /// Query and cache lengths per sequence, heads (query, kv) and head dim, page size, gate.
+    fn new(q_lens: &[usize], kv_lens: &[usize], (hq, hkv, dim): (usize, usize, usize), page: usize, gate: bool) -> Case {
+        Case { q_lens: q_lens.to_vec(), kv_lens: kv_lens.to_vec(), hq, hkv, dim, page, gate }
+    }
+}
+
 /// Builds a shuffled paged cache, runs attention (plain and split-KV) and compares both with
 /// an f64 reference computed from the same K/V.
 fn run(c: &Case, seed: u64) {
@@ -169,116 +176,39 @@ fn run(c: &Case, seed: u64) {
 #[test]
 fn prefill_small_heads_with_context() {
     // Second sequence continues after 45 cached positions; page size 5 splits tiles.
-    run(
-        &Case {
-            q_lens: vec![37, 5],
-            kv_lens: vec![37, 50],
-            hq: 4,
-            hkv: 2,
-            dim: 64,
-            page: 5,
-            gate: true,
-        },
-        700,
-    );
+    run(&Case::new(&[37, 5], &[37, 50], (4, 2, 64), 5, true), 700);
 }
 
 #[test]
 fn prefill_model_heads() {
-    run(
-        &Case {
-            q_lens: vec![70],
-            kv_lens: vec![70],
-            hq: 16,
-            hkv: 2,
-            dim: 256,
-            page: 16,
-            gate: true,
-        },
-        701,
-    );
+    run(&Case::new(&[70], &[70], (16, 2, 256), 16, true), 701);
 }
 
 #[test]
 fn long_prompt_after_context() {
     // Many query tiles and cache tiles, a prompt continuing 50 cached positions.
-    run(
-        &Case {
-            q_lens: vec![200, 1],
-            kv_lens: vec![250, 33],
-            hq: 16,
-            hkv: 2,
-            dim: 256,
-            page: 64,
-            gate: true,
-        },
-        705,
-    );
+    run(&Case::new(&[200, 1], &[250, 33], (16, 2, 256), 64, true), 705);
 }
 
 #[test]
 fn small_head_dim() {
-    run(
-        &Case {
-            q_lens: vec![19, 40],
-            kv_lens: vec![19, 47],
-            hq: 4,
-            hkv: 2,
-            dim: 16,
-            page: 8,
-            gate: true,
-        },
-        706,
-    );
+    run(&Case::new(&[19, 40], &[19, 47], (4, 2, 16), 8, true), 706);
 }
 
 #[test]
 fn odd_group_without_gate() {
-    run(
-        &Case {
-            q_lens: vec![11, 3],
-            kv_lens: vec![11, 40],
-            hq: 6,
-            hkv: 2,
-            dim: 128,
-            page: 16,
-            gate: false,
-        },
-        702,
-    );
+    run(&Case::new(&[11, 3], &[11, 40], (6, 2, 128), 16, false), 702);
 }
 
 #[test]
 fn decode_split_kv_long_context() {
-    run(
-        &Case {
-            q_lens: vec![1, 1, 1],
-            kv_lens: vec![1, 300, 1000],
-            hq: 16,
-            hkv: 2,
-            dim: 256,
-            page: 64,
-            gate: true,
-        },
-        703,
-    );
+    run(&Case::new(&[1, 1, 1], &[1, 300, 1000], (16, 2, 256), 64, true), 703);
 }
 
 #[test]
 fn verify_draft_tokens() {
     // Speculative verification shape: a few query tokens on a long context.
-    run(
-        &Case {
-            q_lens: vec![4, 2],
-            kv_lens: vec![517, 90],
-            hq: 16,
-            hkv: 2,
-            dim: 256,
-            page: 32,
-            gate: true,
-        },
-        704,
-    );
+    run(&Case::new(&[4, 2], &[517, 90], (16, 2, 256), 32, true), 704);
 }
 
 #[test]
