@@ -39,11 +39,11 @@
 // The product of the row that `fill` builds in shared memory, each warp taking rows
 // blockIdx.x * 8 + warp + k * gridDim.x * 8 (a grid of fewer blocks than ceil(N / 8) streams
 // several rows per warp), then `epi(row, v)` by every lane of each row's warp after lane 0's
-// store (v: the f32 sum times the row's multiplier, the same bits in every lane). No early return: the block synchronises on the
-// row, and the router kernel after this. Building the row once
-// per block, not per element inside the dot product, keeps the product bound by its weights:
-// the per-element norm made the GDN input projection 50 % slower (decode profile of commit
-// d85f2b4, H200).
+// store (v: the f32 sum times the row's multiplier, the same bits in every lane). No early
+// return: the block synchronises on the row, and the router kernel after this. Building the
+// row once per block, not per element inside the dot product, keeps the product bound by its
+// weights: the per-element norm made the GDN input projection 50 % slower (decode profile of
+// commit d85f2b4, H200).
 template <typename Enc, typename Fill, typename Epi>
 __device__ __forceinline__ void row_product(const GemvArgs& a, Fill fill, Epi epi) {
     constexpr int CH = Enc::CHUNK;
