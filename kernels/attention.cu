@@ -372,8 +372,9 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(Combi
 //   to a whole number (log2 units; part_ml then holds that integer): P, its bf16 rounding and
 //   every rescaling change by exact powers of two when m moves, so a row cut into splits (a
 //   decode step) rounds P as the unsplit row of a prompt does, and the two differ only by the
-//   order of the f32 sums (a real max made them differ by a bf16 rounding of most of P, which
-//   flipped an expert choice of the tiny-b golden model downstream).
+//   order of the f32 sums (with a real max they differed by a bf16 rounding of most of P, and
+//   the tiny-b golden model's decode row read 0.10 from its prompt row, every other row equal:
+//   as a flipped expert choice downstream would, not measured further).
 //   Launch: block 128, grid (ceil(max_q_len / qt), kv_heads * splits, seqs), dynamic shared
 //   memory (64 + 4 * 32) * (dim + 8) * 2 bytes: Q, then two K and V tile pairs, rows padded
 //   by 16 bytes.

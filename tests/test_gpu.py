@@ -20,7 +20,7 @@ percentiles of 6-10 %. So the GPU is held to:
   apart (relative to the logits' rms); the free-running tokens are reported;
 - splitting a prompt into chunks or decoding instead of prefilling changes a row's arithmetic
   only by f32 summation order: median row error below 5e-3, and at most 2 % of a prompt's
-  rows (an expert choice flipped by a near-tie) above 2e-2.
+  rows (as an expert choice flipped by a near-tie would give) above 2e-2.
 """
 
 from __future__ import annotations
@@ -45,9 +45,10 @@ SELF_TOL = 1e-2
 # the SIMT GEMV where 2-16 rows take the tensor-core one (another f32 summation order): the
 # rounding differences then travel through every bf16 activation. The golden bound still
 # applies to both (check_spread). Rows differ by ~1e-3; a row whose router sees two experts
-# within a bf16 step of each other can take the other one (~0.1 on the H200: tiny-b/bf16's
-# decode row at 3e93b8c, tiny-c/nvfp4's row 103 of p150 at ddc6a6a, every other row of those
-# prompts below 4e-3), so up to CHUNK_FLIPS of a prompt's rows may lie above CHUNK_TOL.
+# within a bf16 step of each other can take the other one (the emulation above). Single rows
+# read ~0.1 on the H200 (tiny-b/bf16's decode row at 3e93b8c, tiny-c/nvfp4's row 103 of p150 at
+# ddc6a6a, every other row of those prompts below 4e-3), which we take for such flips, so up
+# to CHUNK_FLIPS of a prompt's rows may lie above CHUNK_TOL.
 CHUNK_TOL = 2e-2
 CHUNK_MEDIAN_TOL = 5e-3
 CHUNK_FLIPS = 0.02
