@@ -26,7 +26,11 @@
 // ninfer_gemv_<enc>_gnorm_b1  (GatedArgs)
 //   a = ninfer_gated_rms_norm of x as K / dim rows of dim (one token's value heads) with their
 //   gates z (head i at z + i * dim) and weight norm_w [dim], then y = a . W (with accumulate:
-//   added into bf16 y, the output projection's residual add). dim % 8 == 0.
+//   added into bf16 y, the output projection's residual add). dim % 8 == 0. Launched in
+//   clusters of GNORM_CLUSTER blocks (the grid a multiple of it): each block of a cluster
+//   builds every GNORM_CLUSTER-th head and takes the others' from their shared memory.
+#include <cooperative_groups.h>
+
 #include "conv.cuh"
 #include "gemv.cuh"
 #include "rms.cuh"
@@ -221,13 +225,23 @@ struct GatedArgs {
 };
 static_assert(sizeof(GatedArgs) == 112, "mirrored in crates/ninfer-kernels/src/fused.rs");
 
-// The gated norm of every head into xs, warp w taking heads w, w + 8, ..., each element as
-// norm.cu's ninfer_gated_rms_norm computes and rounds it. (The block-wide form of fill_norm,
-// tried here, made the output projection 19 % slower on the H200; asking L1 for all of a
-// warp's head rows before the first head, 25 % slower: 575 against 459 µs per decode step.)
+#define GNORM_CLUSTER 8  // mirrored in crates/ninfer-kernels/src/fused.rs
+
+// The gated norm of every head into xs, each element as norm.cu's ninfer_gated_rms_norm
+// computes and rounds it. Block r of a cluster builds heads r, r + 8, ... (warp w the w-th of
+// them, then every eighth), so a warp builds one head where it built four in turn, and each
+// head's x and z are read from L2 by one block of the cluster instead of eight; then every
+// block copies the heads it did not build from their builders' shared memory. (Building all
+// heads in every block, whether a warp's four heads in turn, the block-wide form of fill_norm,
+// or the heads' rows asked of L1 up front, cost 15.3 µs per launch on the H200, the last two
+// 19 and 25 % more.) The copies are read before a cluster barrier that gnorm_body waits on
+// before the block exits, so no block's shared memory goes while another reads it.
 __device__ __forceinline__ void fill_gated(bf16* xs, const GatedArgs& a) {
-    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    for (int hd = threadIdx.x >> 5; hd < a.g.m.cols / a.dim; hd += warps) {
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cl = cg::this_cluster();
+    const int rank = (int)cl.block_rank();
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, heads = a.g.m.cols / a.dim;
+    for (int hd = rank + GNORM_CLUSTER * (threadIdx.x >> 5); hd < heads; hd += GNORM_CLUSTER * warps) {
         const bf16* x = a.g.x + (size_t)hd * a.dim;
         const bf16* z = a.z + (size_t)hd * a.dim;
         const float inv = inv_rms(x, a.dim, a.eps, lane);
@@ -241,11 +255,19 @@ __device__ __forceinline__ void fill_gated(bf16* xs, const GatedArgs& a) {
             *reinterpret_cast<uint4*>(xs + (size_t)hd * a.dim + c * 8) = pack_bf8(v);
         }
     }
+    cl.sync();
+    uint4* row = reinterpret_cast<uint4*>(xs);
+    for (int c = threadIdx.x; c < a.g.m.cols / 8; c += blockDim.x) {
+        const int owner = (c * 8 / a.dim) % GNORM_CLUSTER;
+        if (owner != rank) row[c] = *cl.map_shared_rank(row + c, owner);
+    }
+    cl.barrier_arrive();
 }
 
 template <typename Enc>
 __device__ __forceinline__ void gnorm_body(const GatedArgs& a) {
     row_product<Enc>(a.g, [&](bf16* xs) { fill_gated(xs, a); }, [](int, float) {});
+    cooperative_groups::this_cluster().barrier_wait();
 }
 
 #define NINFER_FUSED(name, Enc)                                                                          \
@@ -255,7 +277,8 @@ __device__ __forceinline__ void gnorm_body(const GatedArgs& a) {
     extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_norm_conv_b1(NormConvArgs a) { \
         norm_conv_body<Enc>(a);                                                                          \
     }                                                                                                    \
-    extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_gnorm_b1(GatedArgs a) {        \
+    extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1)                                        \
+        __launch_bounds__(256) ninfer_gemv_##name##_gnorm_b1(GatedArgs a) {                              \
         gnorm_body<Enc>(a);                                                                              \
     }
 NINFER_FUSED(bf16, EncBf16)

@@ -72,6 +72,9 @@ pub struct ConvTail<'a, 'b> {
     pub lo: usize,
 }
 
+/// Blocks per cluster of the gated-norm products (GNORM_CLUSTER in fused.cu).
+const GNORM_CLUSTER: u32 = 8;
+
 impl KernelSet {
     /// One row normed and multiplied in one launch: `a = bf16(x / rms(x) · (1 + norm_w))` (the
     /// zero-centred RMSNorm of [`KernelSet::rms_norm`]) and `y = a · Wᵀ`, bit for bit what the
@@ -189,7 +192,7 @@ impl KernelSet {
         c.aligned("z", zp, 16)?;
         c.aligned("norm_w", np, 16)?;
         let dim = c.i32("dim", dim)?;
-        self.launch_row(&c, stream, w, x, (yp, false, accumulate), |g| GatedArgs { g, z: zp, norm_w: np, dim, eps })
+        self.launch_row(&c, stream, w, x, (yp, false, accumulate), GNORM_CLUSTER, |g| GatedArgs { g, z: zp, norm_w: np, dim, eps })
     }
 
     /// `y = bf16(y + bf16(x·Wᵀ))` for `batch` rows: a projection added into the residual stream
@@ -247,7 +250,7 @@ impl KernelSet {
             }
             None => (0, None),
         };
-        self.launch_row(c, stream, w, x, (yp, y_f32, false), |g| args(GemvNormArgs { g, norm_w: np, a_out: ap, eps, pad: 0 }))
+        self.launch_row(c, stream, w, x, (yp, y_f32, false), 1, |g| args(GemvNormArgs { g, norm_w: np, a_out: ap, eps, pad: 0 }))
     }
 
     /// The checks and launch every fused.cu kernel shares: one matrix of at most NORM_MAX_K
@@ -261,6 +264,7 @@ impl KernelSet {
         w: &MatrixView,
         x: &impl DevicePtr<bf16>,
         (yp, y_f32, accumulate): (u64, bool, bool),
+        cluster: u32,
         args: impl FnOnce(GemvArgs) -> A,
     ) -> Result<()> {
         c.ensure(w.experts == 1, || format!("gemv takes one matrix, got a bank of {}", w.experts))?;
@@ -271,7 +275,10 @@ impl KernelSet {
         c.len("x", xl, w.cols)?;
         c.aligned("x", xp, 16)?;
         let g = GemvArgs { m, x: xp, y: yp, batch: 1, ldx: c.i32("cols", w.cols)?, ldy: c.i32("rows", w.rows)?, out_f32: y_f32 as i32, accumulate: accumulate as i32, pad: 0 };
-        let cfg = LaunchConfig { grid_dim: (self.row_grid(c.kernel, w.rows), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // A kernel launched in clusters takes a grid of whole clusters (blocks past the rows
+        // build the input row and stream nothing).
+        let grid = self.row_grid(c.kernel, w.rows).next_multiple_of(cluster);
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         self.launch_struct(stream, c.kernel, cfg, &args(g))
     }
 }
