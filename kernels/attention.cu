@@ -138,18 +138,29 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 // Cache positions p0 .. p0 + 31 of sequence s, kv head kvh, into the K and V tiles (32 rows
 // of dim + 8 elements each); positions from kv_end on are zero. ASYNC: by cp.async, the
-// caller commits and waits.
-template <bool ASYNC>
+// caller commits and waits. A block of THREADS threads: a thread's items are unrolled, so its
+// block-table reads are issued together instead of one round trip each before its copies.
+template <bool ASYNC, int THREADS>
 __device__ __forceinline__ void load_kv_tile(const AttnArgs& a, int s, int kvh, int p0, int kv_end, bf16* Ks, bf16* Vs) {
+    constexpr int ITEMS = ATT_TILE * (ATT_MAX_DIM / 8) / THREADS;
     const int D = a.dim, chunks = D / 8, DP = D + 8;
-    for (int i = threadIdx.x; i < ATT_TILE * chunks; i += blockDim.x) {
+    int page[ITEMS];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const int i = threadIdx.x + k * THREADS;
+        const int pos = p0 + i / chunks;
+        page[k] = i < ATT_TILE * chunks && pos < kv_end ? a.block_table[(size_t)s * a.bt_stride + pos / a.page_size] : -1;
+    }
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const int i = threadIdx.x + k * THREADS;
+        if (i >= ATT_TILE * chunks) break;
         const int p = i / chunks, c = i - p * chunks;
         const int pos = p0 + p;
-        const bool valid = pos < kv_end;
+        const bool valid = page[k] >= 0;
         size_t off = 0;
         if (valid) {
-            const int page = a.block_table[(size_t)s * a.bt_stride + pos / a.page_size];
-            const size_t row = (size_t)page * a.page_size + pos % a.page_size;
+            const size_t row = (size_t)page[k] * a.page_size + pos % a.page_size;
             off = (row * a.kv_heads + kvh) * D + c * 8;
         }
         if (ASYNC) {
@@ -207,7 +218,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) ninfer_attention(AttnA
 
     for (int p0 = kv_begin; p0 < kv_end; p0 += ATT_TILE) {
         __syncthreads();  // previous tile fully consumed (and Q/M/L initialised)
-        load_kv_tile<false>(a, s, kvh, p0, kv_end, Ks, Vs);
+        load_kv_tile<false, ATT_THREADS>(a, s, kvh, p0, kv_end, Ks, Vs);
         __syncthreads();
         // Scores: lane = cache position within the tile, warp w takes rows w, w+8, w+16, w+24.
         {
@@ -378,6 +389,15 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(Combi
 //   Launch: block 128, grid (ceil(max_q_len / qt), kv_heads * splits, seqs), dynamic shared
 //   memory (64 + 4 * 32) * (dim + 8) * 2 bytes: Q, then two K and V tile pairs, rows padded
 //   by 16 bytes.
+//
+// ninfer_attention_mma_decode: ninfer_attention_mma for blocks of qt * G <= 16 query rows
+//   (a decode step, a short draft), dim % 64 == 0: every warp takes the 16 rows (the scores
+//   and their softmax four times over, the same bits in each warp) and warp w the output dims
+//   [w dim / 4, (w + 1) dim / 4) of P.V. A decode block of the 64-row kernel left three warps
+//   idle while one did every product, at 218 registers and 2 blocks per SM; this one holds a
+//   quarter of the output per warp (96 registers, 3 blocks per SM at dim 256, bound by its
+//   shared memory). Each output element's arithmetic is the 64-row kernel's. Launch: as
+//   ninfer_attention_mma with (16 + 4 * 32) * (dim + 8) * 2 bytes of shared memory.
 #define MMA_ROWS 64
 #define MMA_TILE ATT_TILE  // load_kv_tile's tile
 #define MMA_THREADS 128
@@ -436,7 +456,13 @@ __device__ __forceinline__ float softmax_step(float (&sc)[4][4], int half, int p
     return alpha;
 }
 
-extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(AttnArgs a) {
+// The tensor-core kernels' body. DEC (ninfer_attention_mma_decode): 16 query rows, which
+// every warp takes, warp w holding output dims [w D / 4, (w + 1) D / 4); else 64 rows, 16 per
+// warp, each warp holding every dim.
+template <bool DEC>
+__device__ __forceinline__ void attention_mma(const AttnArgs& a) {
+    constexpr int QR = DEC ? 16 : MMA_ROWS;
+    constexpr int NT = DEC ? MMA_MAX_NT / 4 : MMA_MAX_NT;
     grid_release();
     grid_wait();
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -449,35 +475,37 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(A
     const int R = min(a.qt, q_len - tile_tok) * G;
     const int D = a.dim, DP = D + 8, nt = D / 8;
     bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
-    bf16* Kb = Qs + MMA_ROWS * DP;  // tile pair b: K at Kb + 2b * 32 * DP, V right after it
+    bf16* Kb = Qs + QR * DP;  // tile pair b: K at Kb + 2b * 32 * DP, V right after it
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;
+    // This warp's first row, and its output dim tiles of 8: n0 .. n0 + ntw - 1.
+    const int row0 = DEC ? 0 : warp * 16, ntw = DEC ? nt / 4 : nt, n0 = DEC ? warp * ntw : 0;
 
-    load_q_tile(a, Qs, MMA_ROWS, R, q0 + tile_tok, kvh, G);
-    // This lane's rows: 16 * warp + g and 8 below it; each row's last visible position.
+    load_q_tile(a, Qs, QR, R, q0 + tile_tok, kvh, G);
+    // This lane's rows: row0 + g and 8 below it; each row's last visible position.
     const int first_pos = kv_len - q_len + tile_tok;
-    const int r_lo = warp * 16 + g, r_hi = r_lo + 8;
+    const int r_lo = row0 + g, r_hi = r_lo + 8;
     const int lim_lo = r_lo < R ? first_pos + r_lo / G : -1;
     const int lim_hi = r_hi < R ? first_pos + r_hi / G : -1;
-    const int warp_rows = min(R - warp * 16, 16);
-    const int warp_lim = warp_rows > 0 ? first_pos + (warp * 16 + warp_rows - 1) / G : -1;
+    const int warp_rows = min(R - row0, 16);
+    const int warp_lim = warp_rows > 0 ? first_pos + (row0 + warp_rows - 1) / G : -1;
     const int kv_begin = split * a.split_len;
     const int kv_end = min(min(kv_len, kv_begin + a.split_len), first_pos + (R - 1) / G + 1);
 
-    float o[MMA_MAX_NT][4];
+    float o[NT][4];
 #pragma unroll
-    for (int n = 0; n < MMA_MAX_NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
 
     if (kv_begin < kv_end) {
-        load_kv_tile<true>(a, s, kvh, kv_begin, kv_end, Kb, Kb + MMA_TILE * DP);
+        load_kv_tile<true, MMA_THREADS>(a, s, kvh, kv_begin, kv_end, Kb, Kb + MMA_TILE * DP);
         cp_async_commit();
     }
     for (int p0 = kv_begin, buf = 0; p0 < kv_end; p0 += MMA_TILE, buf ^= 1) {
         __syncthreads();  // the other pair is consumed (and Q is stored)
         if (p0 + MMA_TILE < kv_end) {
             bf16* nk = Kb + (buf ^ 1) * 2 * MMA_TILE * DP;
-            load_kv_tile<true>(a, s, kvh, p0 + MMA_TILE, kv_end, nk, nk + MMA_TILE * DP);
+            load_kv_tile<true, MMA_THREADS>(a, s, kvh, p0 + MMA_TILE, kv_end, nk, nk + MMA_TILE * DP);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -503,7 +531,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(A
         const float al_lo = softmax_step(sc, 0, p0, tq, lim_lo, kv_end, a.scale_log2, m_lo, l_lo);
         const float al_hi = softmax_step(sc, 1, p0, tq, lim_hi, kv_end, a.scale_log2, m_hi, l_hi);
 #pragma unroll
-        for (int n = 0; n < MMA_MAX_NT; ++n) {
+        for (int n = 0; n < NT; ++n) {
             o[n][0] *= al_lo;
             o[n][1] *= al_lo;
             o[n][2] *= al_hi;
@@ -518,10 +546,10 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(A
             // Lane l addresses row kk*16 + (l / 8 odd ? 8 : 0) + l % 8 of V at dims of tile n + l / 16.
             const bf16* vrow = Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * DP + (lane >> 4) * 8;
 #pragma unroll
-            for (int n = 0; n < MMA_MAX_NT; n += 2) {
-                if (n < nt) {
+            for (int n = 0; n < NT; n += 2) {
+                if (n < ntw) {
                     uint32_t b[4];
-                    ldsm_x4_trans(b, vrow + n * 8);
+                    ldsm_x4_trans(b, vrow + (n0 + n) * 8);
                     mma_bf16(o[n], a0, a1, a2, a3, b[0], b[1]);
                     mma_bf16(o[n + 1], a0, a1, a2, a3, b[2], b[3]);
                 }
@@ -539,10 +567,10 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(A
         if (a.splits > 1) {
             const size_t base = ((size_t)t * a.q_heads + h) * a.splits + split;
 #pragma unroll
-            for (int n = 0; n < MMA_MAX_NT; ++n)
-                if (n < nt)
-                    *reinterpret_cast<float2*>(a.part_o + base * D + n * 8 + 2 * tq) = make_float2(o[n][2 * half], o[n][2 * half + 1]);
-            if (tq == 0) {
+            for (int n = 0; n < NT; ++n)
+                if (n < ntw)
+                    *reinterpret_cast<float2*>(a.part_o + base * D + (n0 + n) * 8 + 2 * tq) = make_float2(o[n][2 * half], o[n][2 * half + 1]);
+            if (tq == 0 && n0 == 0) {
                 a.part_ml[base * 2] = half ? m_hi : m_lo;
                 a.part_ml[base * 2 + 1] = l;
             }
@@ -552,12 +580,15 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(A
         bf16* orow = a.out + ((size_t)t * a.q_heads + h) * D;
         const bf16* grow = a.gate ? a.gate + (size_t)t * a.q_ld + (size_t)h * a.q_hs : nullptr;
 #pragma unroll
-        for (int n = 0; n < MMA_MAX_NT; ++n) {
-            if (n < nt) {
-                const int d = n * 8 + 2 * tq;
+        for (int n = 0; n < NT; ++n) {
+            if (n < ntw) {
+                const int d = (n0 + n) * 8 + 2 * tq;
                 const uint32_t v = gate_pair(o[n][2 * half] * inv, o[n][2 * half + 1] * inv, grow ? grow + d : nullptr);
                 *reinterpret_cast<uint32_t*>(orow + d) = v;
             }
         }
     }
 }
+
+extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma(AttnArgs a) { attention_mma<false>(a); }
+extern "C" __global__ void __launch_bounds__(MMA_THREADS) ninfer_attention_mma_decode(AttnArgs a) { attention_mma<true>(a); }

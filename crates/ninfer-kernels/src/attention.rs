@@ -109,9 +109,13 @@ fn smem_bytes(dim: usize) -> u32 {
     ((ROWS + 2 * TILE) * (dim + 8) * 2 + (ROWS * TILE + 3 * ROWS) * 4) as u32
 }
 
-/// Dynamic shared memory of `ninfer_attention_mma`: Q rows, then two K and V tile pairs, bf16.
-fn mma_smem_bytes(dim: usize) -> u32 {
-    ((MMA_ROWS + 4 * TILE) * (dim + 8) * 2) as u32
+/// Query rows of a block of `ninfer_attention_mma_decode` (every warp takes all 16).
+const DECODE_ROWS: usize = 16;
+
+/// Dynamic shared memory of the tensor-core kernels: `rows` Q rows, then two K and V tile
+/// pairs, bf16.
+fn mma_smem_bytes(rows: usize, dim: usize) -> u32 {
+    ((rows + 4 * TILE) * (dim + 8) * 2) as u32
 }
 
 /// Which kernel of kernels/attention.cu runs an attention launch; both take the same arguments
@@ -326,6 +330,14 @@ impl KernelSet {
         }
         let rows = if mma { MMA_ROWS } else { ROWS };
         let qt = (rows / group).clamp(1, batch.max_q_len);
+        // A block of at most 16 query rows (a decode step, a short draft) takes the decode
+        // kernel, whose warps split the output dims instead of the rows, where they divide.
+        let decode = mma && qt * group <= DECODE_ROWS && dim.is_multiple_of(64);
+        let kernel = match (mma, decode) {
+            (false, _) => Kernel::Attention,
+            (true, false) => Kernel::AttentionMma,
+            (true, true) => Kernel::AttentionMmaDecode,
+        };
         let q_tiles = batch.max_q_len.div_ceil(qt);
         let base_blocks = batch.seqs * kv_heads * q_tiles;
         let per_split = attention_workspace_len(batch.tokens, q_heads, dim, 1);
@@ -381,9 +393,13 @@ impl KernelSet {
                 c.i32("seqs", batch.seqs)? as u32,
             ),
             block_dim: (if mma { 128 } else { 256 }, 1, 1),
-            shared_mem_bytes: if mma { mma_smem_bytes(dim) } else { smem_bytes(dim) },
+            shared_mem_bytes: match kernel {
+                Kernel::AttentionMmaDecode => mma_smem_bytes(DECODE_ROWS, dim),
+                Kernel::AttentionMma => mma_smem_bytes(MMA_ROWS, dim),
+                _ => smem_bytes(dim),
+            },
         };
-        self.launch_struct(stream, c.kernel, cfg, &args)?;
+        self.launch_struct(stream, kernel, cfg, &args)?;
         if splits == 1 {
             return Ok(());
         }

@@ -90,5 +90,6 @@ kernel_table! {
     Attention => "attention", "ninfer_attention";
     AttentionCombine => "attention", "ninfer_attention_combine";
     AttentionMma => "attention", "ninfer_attention_mma";
+    AttentionMmaDecode => "attention", "ninfer_attention_mma_decode";
     Sample => "sample", "ninfer_sample";
 }

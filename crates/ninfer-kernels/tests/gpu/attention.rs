@@ -206,6 +206,14 @@ fn decode_split_kv_long_context() {
 }
 
 #[test]
+fn decode_kernel_small_heads() {
+    // Blocks of at most 16 query rows take ninfer_attention_mma_decode: one token of a group
+    // of 2 at head dim 64 without a gate, and two tokens of a group of 8 at head dim 128.
+    run(&Case::new(&[1, 1], &[77, 5], (4, 2, 64), 5, false), 707);
+    run(&Case::new(&[2, 2], &[40, 300], (16, 2, 128), 16, true), 708);
+}
+
+#[test]
 fn verify_draft_tokens() {
     // Speculative verification shape: a few query tokens on a long context.
     run(&Case::new(&[4, 2], &[517, 90], (16, 2, 256), 32, true), 704);
