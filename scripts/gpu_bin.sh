@@ -4,11 +4,13 @@
 # kernels and of the CUDA backend (OUT_DIR/tests/). nvcc is found as build.rs finds it
 # (scripts/install_nvcc.sh installs it). Release builds only: the folder stays near 37 MB, and
 # OUT_DIR.tar.xz, the same packed (~15 MB), is what to copy when the copy's size is limited
-# (`tar -xJf OUT_DIR.tar.xz` there gives OUT_DIR back).
+# (`tar -xJf OUT_DIR.tar.xz` there gives OUT_DIR back). The tokenizer tests read fixtures by
+# this checkout's absolute path, compiled in: build in a checkout at the path the GPU machine's
+# copy of the repository has (a second worktree's binaries fail those six tests there).
 #
 # Usage: scripts/gpu_bin.sh OUT_DIR
 set -euo pipefail
-[ $# -eq 1 ] || { sed -n '2,10p' "$0"; exit 2; }
+[ $# -eq 1 ] || { sed -n '2,11p' "$0"; exit 2; }
 out=$1
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
