@@ -11,9 +11,13 @@
 #             cargo's own executables are run.
 #   --bench   also run the ignored timing tests (their lines start with BENCH).
 #   --logs    keep each test's full output in DIR (default: a temporary folder).
-# Exits non-zero when any test fails. CI has no GPU and does not run this.
+# A test that runs past GPU_TEST_TIMEOUT seconds (default 300; the Python tests together get
+# three times that) is killed and counted as failed (exit 124), so that a hung kernel costs one
+# test, not the whole run. Exits non-zero when any test fails. CI has no GPU and does not run
+# this.
 set -uo pipefail
 
+limit=${GPU_TEST_TIMEOUT:-300}
 bench=0
 logs=""
 bin_dir=""
@@ -21,7 +25,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --bench) bench=1 ;;
         --logs) logs=$2; shift ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) bin_dir=$1 ;;
     esac
     shift
@@ -72,7 +76,7 @@ for exe in "${bins[@]}"; do
         # ignored tests are the timing runs: only with --bench
         [ $bench -eq 0 ] && [[ "$ignored" == *" $t "* ]] && continue
         log="$logs/$bin.$t.log"
-        "$exe" --exact "$t" --include-ignored --nocapture --test-threads=1 >"$log" 2>&1
+        timeout "$limit" "$exe" --exact "$t" --include-ignored --nocapture --test-threads=1 >"$log" 2>&1
         rc=$?
         if [ $rc -eq 0 ]; then
             pass=$((pass + 1))
@@ -94,7 +98,7 @@ if python3 -c 'import pytest, ninfer' 2>/dev/null && [ -d "$root/tests" ]; then
     # only the files that hold GPU tests: the others may import client libraries (openai,
     # anthropic) that a GPU machine need not have
     mapfile -t gpu_files < <(cd "$root" && grep -l 'pytest.mark.gpu' tests/*.py)
-    (cd "$root" && python3 -m pytest -q -m gpu "${gpu_files[@]}") >"$logs/pytest-gpu.log" 2>&1
+    (cd "$root" && timeout $((3 * limit)) python3 -m pytest -q -m gpu "${gpu_files[@]}") >"$logs/pytest-gpu.log" 2>&1
     rc=$?
     case $rc in
         0) pytest_line="pytest -m gpu: passed" ;;
