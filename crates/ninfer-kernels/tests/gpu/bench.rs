@@ -31,6 +31,16 @@ fn time_ms(s: &Arc<CudaStream>, iters: usize, mut f: impl FnMut()) -> f64 {
     start.elapsed_ms(&end).unwrap() as f64 / iters as f64
 }
 
+/// `time_ms` of `f(i)` with `i` cycling through `0..copies`: each launch reads the next of
+/// `copies` copies of its weights, so that none finds them in L2 (as in a decode step).
+fn time_rotating(s: &Arc<CudaStream>, copies: usize, iters: usize, mut f: impl FnMut(usize)) -> f64 {
+    let mut turn = 0;
+    time_ms(s, iters, || {
+        turn = (turn + 1) % copies;
+        f(turn)
+    })
+}
+
 fn report(name: &str, ms: f64, bytes: f64) {
     if bytes > 0.0 {
         println!(
@@ -83,11 +93,7 @@ fn bench_gemv_decode() {
         let ms: Vec<_> = (0..copies).map(|_| host.upload(&s)).collect();
         let x = up(&s, &rng.bf16s(b * k, 1.0));
         let mut y = nan_f32(&s, b * n);
-        let mut turn = 0;
-        let ms = time_ms(&s, 24, || {
-            turn = (turn + 1) % copies;
-            g.ks.gemv(&s, &ms[turn].view(), &x, b, k, &mut y, n).unwrap()
-        });
+        let ms = time_rotating(&s, copies, 24, |i| g.ks.gemv(&s, &ms[i].view(), &x, b, k, &mut y, n).unwrap());
         finite_f32(&down(&s, &y));
         report(&format!("gemv {enc:?} {n}x{k} b={b}"), ms, bytes);
     }
@@ -108,16 +114,11 @@ fn bench_gemv_norm() {
     let mut a = nan_bf16(&s, k);
     let mut y = nan_f32(&s, n);
     let rows = ninfer_kernels::Rows::dense(1, k);
-    let mut turn = 0;
-    let two = time_ms(&s, 24, || {
-        turn = (turn + 1) % ms.len();
+    let two = time_rotating(&s, ms.len(), 24, |i| {
         g.ks.rms_norm(&s, &x, rows, &w, &mut a, rows, 1e-6).unwrap();
-        g.ks.gemv(&s, &ms[turn].view(), &a, 1, k, &mut y, n).unwrap()
+        g.ks.gemv(&s, &ms[i].view(), &a, 1, k, &mut y, n).unwrap()
     });
-    let one = time_ms(&s, 24, || {
-        turn = (turn + 1) % ms.len();
-        g.ks.gemv_norm(&s, &ms[turn].view(), &x, &w, 1e-6, &mut y, None).unwrap()
-    });
+    let one = time_rotating(&s, ms.len(), 24, |i| g.ks.gemv_norm(&s, &ms[i].view(), &x, &w, 1e-6, &mut y, None).unwrap());
     let bytes = n as f64 * k as f64 * 1.0625;
     report(&format!("rms_norm + gemv Q8 {n}x{k} b=1"), two, bytes);
     report(&format!("gemv_norm Q8 {n}x{k} b=1"), one, bytes);
@@ -142,17 +143,12 @@ fn bench_gemv_gnorm() {
         let ms: Vec<_> = (0..8).map(|_| host.upload(&s)).collect();
         let mut y = nan_bf16(&s, n);
         let bytes = n as f64 * k as f64 * 1.0625;
-        let mut turn = 0;
-        let plain = time_ms(&s, 24, || {
-            turn = (turn + 1) % ms.len();
-            g.ks.gemv(&s, &ms[turn].view(), &x, 1, k, &mut y, n).unwrap()
-        });
+        let plain = time_rotating(&s, ms.len(), 24, |i| g.ks.gemv(&s, &ms[i].view(), &x, 1, k, &mut y, n).unwrap());
         report(&format!("gemv Q8 {n}x{k} b=1, bf16 out"), plain, bytes);
         for dim in [128, 512, 64] {
             let w = up(&s, &rng.bf16s(dim, 0.1));
-            let fused = time_ms(&s, 24, || {
-                turn = (turn + 1) % ms.len();
-                g.ks.gemv_gnorm(&s, &ms[turn].view(), &x, &z, (&w, dim, 1e-6), &mut y, false).unwrap()
+            let fused = time_rotating(&s, ms.len(), 24, |i| {
+                g.ks.gemv_gnorm(&s, &ms[i].view(), &x, &z, (&w, dim, 1e-6), &mut y, false).unwrap()
             });
             report(&format!("gemv_gnorm Q8 {n}x{k} b=1, {} heads of {dim}", k / dim), fused, bytes);
         }
