@@ -27,13 +27,15 @@
 //
 // ninfer_attention_combine: per (token, head): M = max m_i, L = sum l_i 2^(m_i - M),
 //   o = sum part_o_i 2^(m_i - M) / L, then the same gate and rounding as above.
-//   splits <= 128. Launch: block 256, grid (T * q_heads).
+//   splits <= 256. Warp w sums the splits w, w + 8, ... of every dim, lane l dims l, l + 32,
+//   ..., and the eight warps' sums are added in warp order. Launch: block 256, grid
+//   (T * q_heads).
 #include "common.cuh"
 
 #define ATT_TILE 32
 #define ATT_ROWS 32
 #define ATT_MAX_DIM 256
-#define ATT_MAX_SPLITS 128  // mirrored by ATTN_MAX_SPLITS in src/attention.rs
+#define ATT_MAX_SPLITS 256  // mirrored by ATTN_MAX_SPLITS in src/attention.rs
 #define ATT_THREADS 256
 #define ATT_ITEMS (ATT_ROWS * ATT_MAX_DIM / 8 / ATT_THREADS)
 
@@ -329,6 +331,7 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(Combi
     grid_release();
     grid_wait();
     __shared__ float weight[ATT_MAX_SPLITS];  // 2^(m_i - M) per split
+    __shared__ float part[8][ATT_MAX_DIM];     // each warp's sum over its splits
     __shared__ float o_row[ATT_MAX_DIM];
     __shared__ float red[8];
     const int row = blockIdx.x;
@@ -356,11 +359,25 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(Combi
     float L = 0.f;
     for (int w = 0; w < 8; ++w) L += red[w];
     const float inv = L > 0.f ? 1.f / L : 0.f;
-    // One thread per output dim; the split partials of a dim are read coalesced across threads.
+    // The eight warps read eight splits' partials at once, each a split's row coalesced (a thread
+    // per dim walking every split in turn took one round trip per split).
+    float acc[ATT_MAX_DIM / 32];
+#pragma unroll
+    for (int k = 0; k < ATT_MAX_DIM / 32; ++k) acc[k] = 0.f;
+    for (int i = warp; i < a.splits; i += 8) {
+        const float wi = weight[i];
+        const float* src = a.part_o + ((size_t)row * a.splits + i) * a.dim;
+#pragma unroll
+        for (int k = 0; k < ATT_MAX_DIM / 32; ++k)
+            if (lane + 32 * k < a.dim) acc[k] = fmaf(src[lane + 32 * k], wi, acc[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < ATT_MAX_DIM / 32; ++k)
+        if (lane + 32 * k < a.dim) part[warp][lane + 32 * k] = acc[k];
+    __syncthreads();
     for (int d = tid; d < a.dim; d += 256) {
-        const float* src = a.part_o + (size_t)row * a.splits * a.dim + d;
         float o = 0.f;
-        for (int i = 0; i < a.splits; ++i) o = fmaf(src[(size_t)i * a.dim], weight[i], o);
+        for (int w = 0; w < 8; ++w) o += part[w][d];
         o_row[d] = o * inv;
     }
     __syncthreads();

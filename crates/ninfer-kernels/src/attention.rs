@@ -103,7 +103,7 @@ const MMA_ROWS: usize = 64;
 /// Largest head dim of the attention kernel.
 pub const ATTN_MAX_DIM: usize = 256;
 /// Most KV splits one call uses (`ATT_MAX_SPLITS` in kernels/attention.cu).
-pub const ATTN_MAX_SPLITS: usize = 128;
+pub const ATTN_MAX_SPLITS: usize = 256;
 
 fn smem_bytes(dim: usize) -> u32 {
     ((ROWS + 2 * TILE) * (dim + 8) * 2 + (ROWS * TILE + 3 * ROWS) * 4) as u32
@@ -342,13 +342,23 @@ impl KernelSet {
         let q_tiles = batch.max_q_len.div_ceil(qt);
         let base_blocks = batch.seqs * kv_heads * q_tiles;
         let per_split = attention_workspace_len(batch.tokens, q_heads, dim, 1);
+        let smem = match kernel {
+            Kernel::AttentionMmaDecode => mma_smem_bytes(DECODE_ROWS, dim),
+            Kernel::AttentionMma => mma_smem_bytes(MMA_ROWS, dim),
+            _ => smem_bytes(dim),
+        };
+        let threads = if mma { 128 } else { 256 };
         let mut splits = 1;
         if let Some((_, wlen)) = workspace {
-            if base_blocks < 4 * self.num_sms() {
-                // Four resident blocks per multiprocessor hide the latency of the tile loads.
-                let want = (4 * self.num_sms()).div_ceil(base_blocks);
+            // Enough splits for the blocks the device holds at once (registers and shared
+            // memory decide: 2 or 3 per multiprocessor at head dim 256), each then walking
+            // fewer tiles; at 32k positions a KV head's 1,024 tiles are the work to spread.
+            let per_sm = self.function(kernel).occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None)?;
+            let resident = (per_sm as usize).max(1) * self.num_sms();
+            if base_blocks < resident {
                 let tiles = batch.max_kv_len.div_ceil(TILE).max(1);
-                splits = want
+                splits = resident
+                    .div_ceil(base_blocks)
                     .min(tiles)
                     .min(ATTN_MAX_SPLITS)
                     .min(wlen / per_split.max(1))
@@ -393,12 +403,8 @@ impl KernelSet {
                 c.i32("kv blocks", kv_heads * splits)? as u32,
                 c.i32("seqs", batch.seqs)? as u32,
             ),
-            block_dim: (if mma { 128 } else { 256 }, 1, 1),
-            shared_mem_bytes: match kernel {
-                Kernel::AttentionMmaDecode => mma_smem_bytes(DECODE_ROWS, dim),
-                Kernel::AttentionMma => mma_smem_bytes(MMA_ROWS, dim),
-                _ => smem_bytes(dim),
-            },
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
         };
         self.launch_struct(stream, kernel, cfg, &args)?;
         if splits == 1 {

@@ -214,6 +214,13 @@ fn decode_kernel_small_heads() {
 }
 
 #[test]
+fn decode_many_splits() {
+    // 8,300 positions of one sequence: as many splits as the decode kernel's resident blocks
+    // (more than 128 on an H200), merged by the combine's warps.
+    run(&Case::new(&[1], &[8300], (16, 2, 256), 64, true), 709);
+}
+
+#[test]
 fn verify_draft_tokens() {
     // Speculative verification shape: a few query tokens on a long context.
     run(&Case::new(&[4, 2], &[517, 90], (16, 2, 256), 32, true), 704);
