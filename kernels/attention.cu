@@ -128,21 +128,11 @@ __device__ __forceinline__ void load_q_tile(const AttnArgs& a, bf16* Qs, int row
     }
 }
 
-// 16 bytes from global to shared memory without passing through registers (zeros when !valid,
-// nothing read); the copies of a group land by cp_async_wait.
-__device__ __forceinline__ void cp_async16(bf16* dst, const bf16* src, bool valid) {
-    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory"); }
-
 // Cache positions p0 .. p0 + 31 of sequence s, kv head kvh, into the K and V tiles (32 rows
-// of dim + 8 elements each); positions from kv_end on are zero. ASYNC: by cp.async, the
-// caller commits and waits. A block of THREADS threads: a thread's items are unrolled, so its
-// block-table reads are issued together instead of one round trip each before its copies.
-template <bool ASYNC, int THREADS>
+// of dim + 8 elements each) by loads and stores; positions from kv_end on are zero. A block of
+// THREADS threads: a thread's items are unrolled, so its block-table reads are issued together
+// instead of one round trip each before its copies.
+template <int THREADS>
 __device__ __forceinline__ void load_kv_tile(const AttnArgs& a, int s, int kvh, int p0, int kv_end, bf16* Ks, bf16* Vs) {
     constexpr int ITEMS = ATT_TILE * (ATT_MAX_DIM / 8) / THREADS;
     const int D = a.dim, chunks = D / 8, DP = D + 8;
@@ -165,14 +155,9 @@ __device__ __forceinline__ void load_kv_tile(const AttnArgs& a, int s, int kvh, 
             const size_t row = (size_t)page[k] * a.page_size + pos % a.page_size;
             off = (row * a.kv_heads + kvh) * D + c * 8;
         }
-        if (ASYNC) {
-            cp_async16(Ks + p * DP + c * 8, a.k_cache + off, valid);
-            cp_async16(Vs + p * DP + c * 8, a.v_cache + off, valid);
-        } else {
-            const uint4 zero = make_uint4(0, 0, 0, 0);
-            *reinterpret_cast<uint4*>(Ks + p * DP + c * 8) = valid ? ldg16(a.k_cache + off) : zero;
-            *reinterpret_cast<uint4*>(Vs + p * DP + c * 8) = valid ? ldg16(a.v_cache + off) : zero;
-        }
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(Ks + p * DP + c * 8) = valid ? ldg16(a.k_cache + off) : zero;
+        *reinterpret_cast<uint4*>(Vs + p * DP + c * 8) = valid ? ldg16(a.v_cache + off) : zero;
     }
 }
 
@@ -220,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) ninfer_attention(AttnA
 
     for (int p0 = kv_begin; p0 < kv_end; p0 += ATT_TILE) {
         __syncthreads();  // previous tile fully consumed (and Q/M/L initialised)
-        load_kv_tile<false, ATT_THREADS>(a, s, kvh, p0, kv_end, Ks, Vs);
+        load_kv_tile<ATT_THREADS>(a, s, kvh, p0, kv_end, Ks, Vs);
         __syncthreads();
         // Scores: lane = cache position within the tile, warp w takes rows w, w+8, w+16, w+24.
         {
@@ -393,10 +378,11 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(Combi
 // ninfer_attention_mma: ninfer_attention on the tensor cores: the same arguments and contract
 //   (splits and their partials included), except: dim % 16 == 0, and a block takes qt query
 //   tokens x G heads (qt*G <= 64 rows, 16 rows per warp) against tiles of 32 cache positions,
-//   the next tile's K and V copied (cp.async) while the current one is used. Scores and P.V
-//   run on mma.m16n8k16 (bf16 operands, f32 accumulation); P is rounded to bf16 as the operand
-//   of P.V (as flash attention does) while the row sums add the f32 P, so the result differs
-//   from ninfer_attention's by about one bf16 rounding of P. The running max m is rounded up
+//   the next tile's K and V copied by the copy engine (a bulk copy per row, an mbarrier per
+//   buffer) while the current one is used. Scores and P.V run on mma.m16n8k16 (bf16 operands,
+//   f32 accumulation); P is rounded to bf16 as the operand of P.V (as flash attention does)
+//   while the row sums add the f32 P, so the result differs from ninfer_attention's by about
+//   one bf16 rounding of P. The running max m is rounded up
 //   to a whole number (log2 units; part_ml then holds that integer): P, its bf16 rounding and
 //   every rescaling change by exact powers of two when m moves, so a row cut into splits (a
 //   decode step) rounds P as the unsplit row of a prompt does, and the two differ only by the
@@ -405,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(Combi
 //   as a flipped expert choice downstream would, not measured further).
 //   Launch: block 128, grid (ceil(max_q_len / qt), kv_heads * splits, seqs), dynamic shared
 //   memory (64 + 4 * 32) * (dim + 8) * 2 bytes: Q, then two K and V tile pairs, rows padded
-//   by 16 bytes.
+//   by 16 bytes (cache rows and the caches 16-byte aligned, as the launcher checks).
 //
 // ninfer_attention_mma_decode: ninfer_attention_mma for blocks of qt * G <= 16 query rows
 //   (a decode step, a short draft), dim % 64 == 0: every warp takes the 16 rows (the scores
@@ -473,6 +459,31 @@ __device__ __forceinline__ float softmax_step(float (&sc)[4][4], int half, int p
     return alpha;
 }
 
+// The tensor-core kernels' K/V tiles come by the copy engine (PTX ISA cp.async.bulk, sm_90):
+// one bulk copy per cache row, counted against a shared-memory mbarrier per tile buffer that
+// every thread waits on (common.cuh's mbarrier helpers). With 16-byte copies per thread
+// (cp.async) a block read ~6 GB/s: 2,860 µs for 512 tiles of 32 KB each in the kernel bench
+// at 32k positions and 2 splits, and ~970 GB/s for a whole decode step over 32k positions.
+//
+// By warp 0 only: lane p copies the K and V rows of position p0 + p into row p of the tiles,
+// both landing on `bar`. A position from kv_end on copies the last one before it instead:
+// its score is masked, so its P is exactly 0, and its rows are finite (zeros need stores of
+// the other proxy into the same buffer).
+__device__ __forceinline__ void load_kv_tile_bulk(const AttnArgs& a, int s, int kvh, int p0, int kv_end, bf16* Ks, bf16* Vs, uint64_t* bar) {
+    const int lane = threadIdx.x & 31, D = a.dim, DP = D + 8;
+    const uint32_t row_bytes = D * 2;
+    if (lane == 0) mbar_expect(bar, 2 * ATT_TILE * row_bytes);
+    __syncwarp();
+    // Shared-memory reads of this buffer's last tile are done (the caller's barrier); order
+    // them before the copy engine's writes.
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    const int pos = min(p0 + lane, kv_end - 1);
+    const int page = a.block_table[(size_t)s * a.bt_stride + pos / a.page_size];
+    const size_t off = (((size_t)page * a.page_size + pos % a.page_size) * a.kv_heads + kvh) * D;
+    bulk_copy(Ks + lane * DP, a.k_cache + off, row_bytes, bar);
+    bulk_copy(Vs + lane * DP, a.v_cache + off, row_bytes, bar);
+}
+
 // The tensor-core kernels' body. DEC (ninfer_attention_mma_decode): 16 query rows, which
 // every warp takes, warp w holding output dims [w D / 4, (w + 1) D / 4); else 64 rows, 16 per
 // warp, each warp holding every dim.
@@ -514,21 +525,23 @@ __device__ __forceinline__ void attention_mma(const AttnArgs& a) {
     for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
 
-    if (kv_begin < kv_end) {
-        load_kv_tile<true, MMA_THREADS>(a, s, kvh, kv_begin, kv_end, Kb, Kb + MMA_TILE * DP);
-        cp_async_commit();
+    __shared__ uint64_t kv_bar[2];  // one per tile buffer; bit b of `parity` its next phase
+    if (tid == 0) {
+        mbar_init(&kv_bar[0]);
+        mbar_init(&kv_bar[1]);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
+    __syncthreads();
+    uint32_t parity = 0;
+    if (kv_begin < kv_end && warp == 0) load_kv_tile_bulk(a, s, kvh, kv_begin, kv_end, Kb, Kb + MMA_TILE * DP, &kv_bar[0]);
     for (int p0 = kv_begin, buf = 0; p0 < kv_end; p0 += MMA_TILE, buf ^= 1) {
         __syncthreads();  // the other pair is consumed (and Q is stored)
-        if (p0 + MMA_TILE < kv_end) {
+        if (p0 + MMA_TILE < kv_end && warp == 0) {
             bf16* nk = Kb + (buf ^ 1) * 2 * MMA_TILE * DP;
-            load_kv_tile<true, MMA_THREADS>(a, s, kvh, p0 + MMA_TILE, kv_end, nk, nk + MMA_TILE * DP);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
+            load_kv_tile_bulk(a, s, kvh, p0 + MMA_TILE, kv_end, nk, nk + MMA_TILE * DP, &kv_bar[buf ^ 1]);
         }
-        __syncthreads();  // this tile has landed for every thread
+        mbar_wait(&kv_bar[buf], (parity >> buf) & 1u);  // every thread: this tile has landed
+        parity ^= 1u << buf;
         if (warp_lim < p0) continue;  // every row of this warp lies before the tile
         const bf16* Ks = Kb + buf * 2 * MMA_TILE * DP;
         const bf16* Vs = Ks + MMA_TILE * DP;

@@ -1,5 +1,5 @@
 // Shared device helpers for every kernel file: bf16/f16/fp8 conversions, the E2M1 expansion
-// used by nvfp4 weights, warp reductions and 16-byte vector loads.
+// used by nvfp4 weights, warp reductions, 16-byte vector loads, mbarriers and bulk copies.
 // Encodings follow docs/format.md section 3; nothing here launches work on its own.
 #pragma once
 
@@ -85,6 +85,37 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
 // routing before its own: the one kernel that breaks the rule above, on that guarantee.
 __device__ __forceinline__ void grid_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Shared-memory mbarriers and bulk copies by the copy engine (PTX ISA "mbarrier" and
+// cp.async.bulk, sm_90): a copy's bytes count against the barrier's current phase.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// This phase of `bar` completes once `bytes` have landed (and this one arrival is made).
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+// Returns once the phase of `bar` with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(smem_addr(bar)), "r"(parity)
+            : "memory");
+    }
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
 
 // E4M3 (float8_e4m3fn) byte -> f32, exact; S.1111.111 decodes to NaN (format.md 3).
 __device__ __forceinline__ float e4m3_to_f(uint8_t b) {

@@ -124,9 +124,10 @@ fn mma_smem_bytes(rows: usize, dim: usize) -> u32 {
 pub enum AttnTiles {
     /// `ninfer_attention`: f32 products on the CUDA cores, any head dim that is a multiple of 8.
     Simt,
-    /// `ninfer_attention_mma`: bf16 products on the tensor cores, K/V tiles copied ahead; head
-    /// dim a multiple of 16. Blocks of at most 16 query rows at a head dim that is a multiple
-    /// of 64 (decode) take `ninfer_attention_mma_decode`, the same arithmetic per element.
+    /// `ninfer_attention_mma`: bf16 products on the tensor cores, K/V tiles copied ahead by the
+    /// copy engine; head dim a multiple of 16. Blocks of at most 16 query rows at a head dim
+    /// that is a multiple of 64 (decode) take `ninfer_attention_mma_decode`, the same
+    /// arithmetic per element.
     Mma,
 }
 
