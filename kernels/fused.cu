@@ -5,17 +5,12 @@
 // shared memory from the launch's own inputs, K = m.cols <= 8192 (up to 20 KiB of static
 // shared memory), K % 8 == 0 on top of the encoding's multiple; some add an epilogue on each
 // output. Every fused kernel gives the bits of the launches it replaces, whose
-// shared pieces (rms.cuh, route.cuh, conv.cuh) it calls. Encodings: bf16 and q8_g32.
+// shared pieces (rms.cuh, conv.cuh) it calls. Encodings: bf16 and q8_g32.
 //
 // ninfer_gemv_<enc>_norm_b1  (GemvNormArgs)
 //   a = ninfer_rms_norm of the row x (zero-centred, weight norm_w, eps; norm.cu), y = a . W;
 //   with a_out, block 0 also stores a there (the input of the launches after it). a_out must
 //   not alias x.
-//
-// ninfer_moe_router_bf16_b1  (RouterArgs)
-//   ninfer_gemv_bf16_norm_b1 over the router rows (and the shared gate's row after them; bf16 y
-//   of E (+ 1) logits), then ninfer_moe_route of that one row (moe.cu's contract) by the last
-//   block to finish, which also resets `counter` to zero for the next launch.
 //
 // ninfer_gemv_<enc>_norm_conv_b1  (NormConvArgs)
 //   ninfer_gemv_<enc>_norm_b1 (bf16 y), then ninfer_gdn_conv of the one token for the rows
@@ -34,7 +29,6 @@
 #include "conv.cuh"
 #include "gemv.cuh"
 #include "rms.cuh"
-#include "route.cuh"
 
 #define FUSED_MAX_K 8192
 #define FUSED_THREADS 256
@@ -44,7 +38,7 @@
 // blockIdx.x * 8 + warp + k * gridDim.x * 8 (a grid of fewer blocks than ceil(N / 8) streams
 // several rows per warp), then `epi(row, v)` by every lane of each row's warp after lane 0's
 // store (v: the f32 sum times the row's multiplier, the same bits in every lane). No early
-// return: the block synchronises on the row, and the router kernel after this. Building the
+// return: the block synchronises on the row. Building the
 // row once per block, not per element inside the dot product, keeps the product bound by its
 // weights: the per-element norm made the GDN input projection 50 % slower (decode profile of
 // commit d85f2b4, H200).
@@ -137,35 +131,6 @@ __device__ __forceinline__ void fill_norm(bf16* xs, const GemvNormArgs& na) {
 template <typename Enc>
 __device__ __forceinline__ void gemv_norm_body(const GemvNormArgs& na) {
     row_product<Enc>(na.g, [&](bf16* xs) { fill_norm(xs, na); }, [](int, float) {});
-}
-
-struct RouterArgs {
-    GemvNormArgs n;  // y: the bf16 logits row [E (+ 1)], the shared gate's logit last
-    int* ids;
-    float* w;
-    unsigned* counter;  // zero between launches; the last block puts it back to zero
-    int experts;
-    int topk;
-    int has_shared;
-    int pad;
-};
-static_assert(sizeof(RouterArgs) == 152, "mirrored in crates/ninfer-kernels/src/fused.rs");
-
-template <typename Enc>
-__device__ __forceinline__ void router_body(const RouterArgs& r) {
-    __shared__ bool last;
-    gemv_norm_body<Enc>(r.n);
-    // The block whose logits complete the row routes it: every block publishes its rows, then
-    // counts itself in; the last to arrive sees all of them (through L2, route_row).
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(r.counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x < 32)
-        route_row(static_cast<const bf16*>(r.n.g.y), 0, 1, r.experts, r.topk, r.has_shared, r.ids, r.w, threadIdx.x);
-    if (threadIdx.x == 0) *r.counter = 0u;
 }
 
 struct NormConvArgs {
@@ -283,4 +248,3 @@ __device__ __forceinline__ void gnorm_body(const GatedArgs& a) {
     }
 NINFER_FUSED(bf16, EncBf16)
 NINFER_FUSED(q8_g32, EncQ8)
-extern "C" __global__ void __launch_bounds__(256) ninfer_moe_router_bf16_b1(RouterArgs a) { router_body<EncBf16>(a); }

@@ -39,19 +39,28 @@
 //   in: bf16 [S, ldx] (the gate_up output), w: f32 routing weights per slot (the shared slot's
 //   weight is its sigmoid gate). y[t, n] = r (accumulate = 0) or y + r (accumulate = 1; for bf16
 //   y = bf16(y + bf16(r)), the residual add in the model dtype). Each output is produced by one
-//   warp (no atomics), so results are deterministic. Launch: block 256,
-//   grid (tokens, ceil(H / 8)).
+//   warp (no atomics), so results are deterministic. topk <= 32: a block keeps its token's
+//   routing in shared memory. Launch: block 256, grid (tokens, ceil(H / 8)).
+//
+// Routed from the logits (BankArgs::logits non-null, tokens == 1): both kernels take slot j's
+//   expert and weight from ninfer_moe_route's picks of the one token's logits row [E (+ 1)]
+//   (route.cuh: warp 0 of every block routes, the block reads its picks from shared memory;
+//   the shared slot's weight is the sigmoid of logit E), and read neither ids nor route_w.
+//   Each block routing for itself spares the router the wait for its last block (a fence, a
+//   counter and a second round trip) ahead of every expert kernel of a decode step.
 //
 // Dependent launch (common.cuh): the dense kernels load their first weight chunks and ask L2
 // for the rest of their rows before grid_wait(), so a projection's weights stream in while the
 // kernel ahead of it (a norm, the recurrence) finishes. gate_up's routed slots wait first
 // (their experts are data written by the kernel ahead), its shared slots load first; gate_up
 // lets its dependents start only after its own grid_wait(), so once a down block runs the
-// routing that gate_up waited for is complete, and down reads the ids and loads its first
-// weights before its grid_wait() (the exception to common.cuh's rule: down's ids come from
-// the kernel two launches back, never from gate_up). Down must therefore follow gate_up, or a
+// routing that gate_up waited for is complete, and down reads the routing (ids and weights, or
+// the logits) and loads its first weights before its grid_wait() (the exception to
+// common.cuh's rule: down's routing comes from the kernel two launches back, never from
+// gate_up). Down must therefore follow gate_up, or a
 // launch that is not dependent (ids copied from the host, a timing event in between).
 #include "gemv.cuh"
+#include "route.cuh"
 
 
 
@@ -229,6 +238,17 @@ __device__ __forceinline__ void gemv_mma_body(const GemvArgs& a) {
     }
 }
 
+// Slot j's pick of the one token's routing (BankArgs::logits), routed by warp 0 for the block.
+__device__ __forceinline__ RoutePick block_pick(const BankArgs& a, int j) {
+    __shared__ RoutePick pick;
+    if (threadIdx.x < 32) {
+        const RoutePick p = route_pick(a.logits, a.bank.experts, a.topk, threadIdx.x);
+        if ((int)threadIdx.x == j) pick = p;
+    }
+    __syncthreads();
+    return pick;
+}
+
 template <typename Enc>
 __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
     constexpr int CH = Enc::CHUNK;
@@ -238,15 +258,16 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
     const Mat m = shared ? a.shared : a.bank;
     const int inter = m.rows / 2;
     const int j = blockIdx.y * 8 + (threadIdx.x >> 5);
-    if (j >= inter) return;
     const int t = shared ? s - a.tokens * a.topk : s / a.topk;
     // A routed slot's expert comes from the kernel ahead; the shared expert's rows do not, so
     // its slots load them before waiting.
+    int e = 0;
     if (!shared) {
         grid_wait();
-        grid_release();  // after the wait: down reads the ids before its own (header)
+        grid_release();  // after the wait: down reads the routing before its own (header)
+        e = a.logits != nullptr ? block_pick(a, s).id : __ldg(a.ids + s);
     }
-    const int e = shared ? 0 : __ldg(a.ids + s);
+    if (j >= inter) return;
     bf16* out = static_cast<bf16*>(a.y) + (size_t)s * inter + j;
     if (e < 0 || e >= m.experts) {
         if (lane == 0) *out = f2bf(0.f);
@@ -290,29 +311,50 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
 }
 
 #define DOWN_BATCH 6
+#define DOWN_MAX_SLOTS 33  // top-32 and the shared slot
+
+// Token t's routing into shared memory: slot j < topk's expert id[j] and weight w[j], the
+// shared slot's weight w[topk]; read from ids and route_w, or routed from the logits by warp 0
+// (BankArgs::logits). Through L2 (`__ldcg`): down reads them before grid_wait() (header).
+__device__ __forceinline__ void token_routing(const BankArgs& a, int t, int* id, float* w) {
+    const int j = threadIdx.x;
+    if (a.logits != nullptr) {
+        if (j < 32) {
+            const RoutePick p = route_pick(a.logits, a.bank.experts, a.topk, j);
+            if (j < a.topk) {
+                id[j] = p.id;
+                w[j] = p.w;
+            }
+            if (a.has_shared && j == 0) w[a.topk] = shared_gate(a.logits, a.bank.experts);
+        }
+    } else if (j < a.topk) {
+        id[j] = __ldcg(a.ids + t * a.topk + j);
+        w[j] = __ldcg(a.route_w + t * a.topk + j);
+    } else if (j == a.topk && a.has_shared) {
+        w[j] = __ldcg(a.route_w + a.tokens * a.topk + t);
+    }
+    __syncthreads();
+}
 
 // One batch of a down row's (slot, chunk) pairs, lane `lane`'s pairs base, base + 32, ...:
 // where they live and, loaded, their weights.
 template <typename Enc>
 struct DownBatch {
     typename Enc::Raw raw[DOWN_BATCH];
-    int slot[DOWN_BATCH], expert[DOWN_BATCH], chunk[DOWN_BATCH];
-    bool use[DOWN_BATCH], shared[DOWN_BATCH];
+    int pick[DOWN_BATCH], expert[DOWN_BATCH], chunk[DOWN_BATCH];
+    bool use[DOWN_BATCH];
 
-    // ids through L2 (__ldcg): the first batch is loaded before grid_wait() (header).
-    __device__ __forceinline__ void load(const BankArgs& a, int t, int n, int base, int total, int nchunks) {
+    __device__ __forceinline__ void load(const BankArgs& a, const int* id, int n, int base, int total, int nchunks) {
 #pragma unroll
         for (int k = 0; k < DOWN_BATCH; ++k) {
             const int idx = base + 32 * k;
             use[k] = false;
-            shared[k] = false;
             if (idx < total) {
-                const int j = idx / nchunks;
-                chunk[k] = idx - j * nchunks;
-                shared[k] = j >= a.topk;
-                slot[k] = shared[k] ? a.tokens * a.topk + t : t * a.topk + j;
-                expert[k] = shared[k] ? 0 : __ldcg(a.ids + slot[k]);
-                const Mat m = shared[k] ? a.shared : a.bank;
+                pick[k] = idx / nchunks;
+                chunk[k] = idx - pick[k] * nchunks;
+                const bool shared = pick[k] >= a.topk;
+                expert[k] = shared ? 0 : id[pick[k]];
+                const Mat m = shared ? a.shared : a.bank;
                 use[k] = expert[k] >= 0 && expert[k] < m.experts;
                 if (use[k]) raw[k] = Enc::load(m, expert[k], n, chunk[k]);
             }
@@ -320,26 +362,31 @@ struct DownBatch {
     }
 
     // The batch's weighted partial dot products, added to acc in pair order.
-    __device__ __forceinline__ void use_all(const BankArgs& a, int n, float& acc) const {
+    __device__ __forceinline__ void use_all(const BankArgs& a, const float* w, int t, int n, float& acc) const {
         constexpr int CH = Enc::CHUNK;
 #pragma unroll
         for (int k = 0; k < DOWN_BATCH; ++k) {
             if (!use[k]) continue;
-            const Mat m = shared[k] ? a.shared : a.bank;
-            float w[CH], sc[Enc::GROUPS];
-            Enc::dequant(raw[k], w, sc);
-            const float d = chunk_dot<Enc>(w, sc, a.x + (size_t)slot[k] * a.ldx + (size_t)chunk[k] * CH);
-            acc += __ldg(a.route_w + slot[k]) * row_multiplier<Enc>(m, expert[k], n) * d;
+            const bool shared = pick[k] >= a.topk;
+            const Mat m = shared ? a.shared : a.bank;
+            const int slot = shared ? a.tokens * a.topk + t : t * a.topk + pick[k];
+            float wv[CH], sc[Enc::GROUPS];
+            Enc::dequant(raw[k], wv, sc);
+            const float d = chunk_dot<Enc>(wv, sc, a.x + (size_t)slot * a.ldx + (size_t)chunk[k] * CH);
+            acc += w[pick[k]] * row_multiplier<Enc>(m, expert[k], n) * d;
         }
     }
 };
 
 template <typename Enc>
 __device__ __forceinline__ void down_body(const BankArgs& a) {
+    __shared__ int id[DOWN_MAX_SLOTS];
+    __shared__ float w[DOWN_MAX_SLOTS];
     grid_release();
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x;
     const int n = blockIdx.y * 8 + (threadIdx.x >> 5);
+    token_routing(a, t, id, w);
     if (n >= a.bank.rows) return;
     const int nchunks = a.bank.cols / Enc::CHUNK;
     const int nslots = a.topk + (a.has_shared ? 1 : 0);
@@ -350,12 +397,12 @@ __device__ __forceinline__ void down_body(const BankArgs& a) {
     const int total = nslots * nchunks;
     float acc = 0.f;
     DownBatch<Enc> b;
-    b.load(a, t, n, lane, total, nchunks);
+    b.load(a, id, n, lane, total, nchunks);
     grid_wait();
-    b.use_all(a, n, acc);
+    b.use_all(a, w, t, n, acc);
     for (int base = lane + 32 * DOWN_BATCH; base < total; base += 32 * DOWN_BATCH) {
-        b.load(a, t, n, base, total, nchunks);
-        b.use_all(a, n, acc);
+        b.load(a, id, n, base, total, nchunks);
+        b.use_all(a, w, t, n, acc);
     }
     acc = warp_sum1(acc);
     if (lane == 0) store_out(a.y, (size_t)t * a.ldy + n, acc, a.out_f32, a.accumulate);

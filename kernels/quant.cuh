@@ -39,8 +39,9 @@ struct BankArgs {
     int out_f32;
     int accumulate;
     int pad;
+    const bf16* logits;  // with one token: the router's logits, routed by the kernels (gemv.cu)
 };
-static_assert(sizeof(BankArgs) == 160, "mirrored in crates/ninfer-kernels/src/gemv.rs");
+static_assert(sizeof(BankArgs) == 168, "mirrored in crates/ninfer-kernels/src/gemv.rs");
 
 // Magic-number conversion of a byte b (0..255) to float: 2^23 + b as f32 bits, minus 2^23.
 // `bias` folds the encoding's zero point in: returns b - bias exactly.

@@ -23,12 +23,17 @@ __device__ __forceinline__ float key_logit(unsigned k) {
     return bf2f(__ushort_as_bfloat16(b));
 }
 
-// Routes one token's row of logits (ninfer_moe_route's contract, by the calling warp): ids and
-// w of token t among `tokens`. Logits are read through L2 (`__ldcg`), so a kernel may route
-// rows that other blocks of the same launch wrote (the fused router product, gemv.cu). Each
-// of the topk rounds takes the largest remaining key with one warp max reduction.
-__device__ __forceinline__ void route_row(const bf16* row, int t, int tokens, int experts, int topk, int has_shared,
-                                          int* ids, float* w, int lane) {
+// The top-k picks of one token's row of logits by the calling warp (ninfer_moe_route's math):
+// lane j < topk returns pick j, its expert and its renormalised weight. Logits are read
+// through L2 (`__ldcg`), so a kernel may route rows that other blocks of the same launch, or
+// the kernel ahead, wrote. Each of the topk rounds takes the largest remaining key with one
+// warp max reduction.
+struct RoutePick {
+    int id;
+    float w;
+};
+
+__device__ __forceinline__ RoutePick route_pick(const bf16* row, int experts, int topk, int lane) {
     unsigned key[ROUTE_PER_LANE];
 #pragma unroll
     for (int i = 0; i < ROUTE_PER_LANE; ++i) {
@@ -54,11 +59,22 @@ __device__ __forceinline__ void route_row(const bf16* row, int t, int tokens, in
             my_id = 511 - (int)(win & 511u);
         }
     }
+    return {my_id, sum > 0.f ? round_bf(my_p / sum) : 0.f};
+}
+
+// The shared expert's weight: the sigmoid of its gate logit, stored after the E router logits.
+__device__ __forceinline__ float shared_gate(const bf16* row, int experts) {
+    return round_bf(sigmoid(bf2f(__ldcg(row + experts))));
+}
+
+// Routes one token's row of logits (ninfer_moe_route's contract, by the calling warp): ids and
+// w of token t among `tokens`.
+__device__ __forceinline__ void route_row(const bf16* row, int t, int tokens, int experts, int topk, int has_shared,
+                                          int* ids, float* w, int lane) {
+    const RoutePick p = route_pick(row, experts, topk, lane);
     if (lane < topk) {
-        ids[(size_t)t * topk + lane] = my_id;
-        w[(size_t)t * topk + lane] = sum > 0.f ? round_bf(my_p / sum) : 0.f;
+        ids[(size_t)t * topk + lane] = p.id;
+        w[(size_t)t * topk + lane] = p.w;
     }
-    if (has_shared && lane == 0) {
-        w[(size_t)tokens * topk + t] = round_bf(sigmoid(bf2f(__ldcg(row + experts))));
-    }
+    if (has_shared && lane == 0) w[(size_t)tokens * topk + t] = shared_gate(row, experts);
 }

@@ -47,8 +47,10 @@ impl KernelSet {
         let c = Check::new(Kernel::MoeGateUpGroupedNvfp4);
         check_grouped(&c, bank, tokens, bank.cols)?;
         c.ensure(bank.rows.is_multiple_of(32), || format!("gate_up rows {} are not 2·I with I % 16 == 0", bank.rows))?;
+        c.len("ids", ids.len(), tokens * topk)?;
+        let (ip, _gi) = dptr(ids, stream);
         let grid = |_, inter: usize| Ok(expert_grid(bank, shared, inter));
-        self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, ids), out, grid)
+        self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, [ip, 0, 0]), out, grid)
     }
 
     /// Each slot's weighted down projection, per expert over every slot that chose it:

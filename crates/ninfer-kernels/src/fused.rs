@@ -1,8 +1,7 @@
 //! Launchers of the fused projections (kernels/fused.cu, and `gemv_add` of kernels/gemv.cu):
 //! a row normed inside its product (`gemv_norm`), the same with the GDN conv in its epilogue
 //! (`gemv_norm_conv`), a row gated-normed inside its product (`gemv_gnorm`), a product added
-//! into the residual stream (`gemv_add`), and the router product of one normed row with the
-//! routing done by its last block (`moe_router`).
+//! into the residual stream (`gemv_add`).
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig};
 use half::bf16;
@@ -22,19 +21,6 @@ struct GemvNormArgs {
     pad: i32,
 }
 device_args!(GemvNormArgs, 112);
-
-#[repr(C)]
-struct RouterArgs {
-    n: GemvNormArgs,
-    ids: u64,
-    w: u64,
-    counter: u64,
-    experts: i32,
-    topk: i32,
-    has_shared: i32,
-    pad: i32,
-}
-device_args!(RouterArgs, 152);
 
 #[repr(C)]
 struct NormConvArgs {
@@ -93,44 +79,6 @@ impl KernelSet {
         let (yl, (yp, _gy)) = (y.len(), dptr_mut(y, stream));
         c.len("y", yl, w.rows)?;
         self.launch_normed(&c, stream, w, (x, norm_w, eps), (yp, O::IS_F32), a_out, |args| args)
-    }
-
-    /// The router logits of one token from its un-normed residual row, as [`KernelSet::gemv_norm`]
-    /// gives them into bf16 `logits` (`[E]`, or `[E + 1]` with the shared expert's gate row last
-    /// in a bf16 `w`), then the routing of [`KernelSet::moe_route`] of that row into `ids`
-    /// (`[topk]`) and `route_w` (`[topk (+ 1)]`), done by the launch's last block. `counter` is
-    /// one u32, zero before the launch and zero again after it.
-    pub fn moe_router(
-        &self,
-        stream: &CudaStream,
-        w: &MatrixView,
-        x: &impl DevicePtr<bf16>,
-        norm_w: &impl DevicePtr<bf16>,
-        eps: f32,
-        logits: &mut impl DevicePtrMut<bf16>,
-        a_out: Option<&mut CudaViewMut<'_, bf16>>,
-        (experts, topk, has_shared): (usize, usize, bool),
-        ids: &mut impl DevicePtrMut<i32>,
-        route_w: &mut impl DevicePtrMut<f32>,
-        counter: &mut impl DevicePtrMut<u32>,
-    ) -> Result<()> {
-        let c = Check::new(Kernel::MoeRouterBf16B1);
-        c.ensure(w.encoding() == Encoding::Bf16, || format!("the fused router takes a bf16 matrix, not {:?}", w.encoding()))?;
-        c.ensure(w.rows == experts + has_shared as usize, || format!("{} router rows for {experts} experts (shared gate: {has_shared})", w.rows))?;
-        c.ensure((1..=crate::ROUTE_MAX_EXPERTS).contains(&experts) && topk >= 1 && topk <= experts.min(32), || {
-            format!("top-{topk} of {experts} experts")
-        })?;
-        let (ll, il, wl, cl) = (logits.len(), ids.len(), route_w.len(), counter.len());
-        c.len("logits", ll, w.rows)?;
-        c.len("ids", il, topk)?;
-        c.len("route_w", wl, topk + has_shared as usize)?;
-        c.len("counter", cl, 1)?;
-        let (lp, _gl) = dptr_mut(logits, stream);
-        let (ip, _gi) = dptr_mut(ids, stream);
-        let (wp, _gw) = dptr_mut(route_w, stream);
-        let (cp, _gc) = dptr_mut(counter, stream);
-        let (experts, topk, has_shared) = (experts as i32, topk as i32, has_shared as i32);
-        self.launch_normed(&c, stream, w, (x, norm_w, eps), (lp, false), a_out, |n| RouterArgs { n, ids: ip, w: wp, counter: cp, experts, topk, has_shared, pad: 0 })
     }
 
     /// [`KernelSet::gemv_norm`] into bf16 `y`, then [`KernelSet::gdn_conv`] of that one token

@@ -8,7 +8,11 @@ use half::{bf16, f16};
 
 use crate::launch::{blocks, device_args, dptr, dptr_mut, Check, Result};
 use crate::loader::KernelSet;
+use crate::moe::Routing;
 use crate::table::Kernel;
+
+/// Routing table rows a down block keeps: top-32 and the shared slot (DOWN_MAX_SLOTS in gemv.cu).
+const DOWN_MAX_SLOTS: usize = 33;
 
 /// The device-resident parts of one encoded matrix or expert bank, in format.md's part order.
 pub enum Weights<'a> {
@@ -241,8 +245,9 @@ pub(crate) struct BankArgs {
     out_f32: i32,
     accumulate: i32,
     pad: i32,
+    logits: u64,
 }
-device_args!(BankArgs, 160);
+device_args!(BankArgs, 168);
 
 impl BankArgs {
     /// The arguments of an expert-bank kernel, storing bf16 (no f32 flag, no accumulate);
@@ -263,6 +268,7 @@ impl BankArgs {
             out_f32: 0,
             accumulate: 0,
             pad: 0,
+            logits: 0,
         })
     }
 }
@@ -412,9 +418,9 @@ impl KernelSet {
         self.launch_struct(stream, c.kernel, cfg, &args)
     }
 
-    /// MoE gate/up for the selected experts: slot `s = t*topk + j` uses expert `ids[s]` on
-    /// token `t`; with `shared`, slots `tokens*topk + t` use the shared expert. The bank is
-    /// `[E, 2I, H]` (gate rows then up rows); `out` is dense bf16 `[slots, I]` holding
+    /// MoE gate/up for the selected experts: slot `s = t*topk + j` uses the expert `routing`
+    /// gives it on token `t`; with `shared`, slots `tokens*topk + t` use the shared expert. The
+    /// bank is `[E, 2I, H]` (gate rows then up rows); `out` is dense bf16 `[slots, I]` holding
     /// `silu(gate) * up`. `shared` must have the bank's encoding and `[2I, H]` shape.
     pub fn moe_gate_up(
         &self,
@@ -423,19 +429,19 @@ impl KernelSet {
         shared: Option<&MatrixView>,
         x: &impl DevicePtr<bf16>,
         ldx: usize,
-        tokens: usize,
-        topk: usize,
-        ids: &impl DevicePtr<i32>,
+        (tokens, topk): (usize, usize),
+        routing: &Routing,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
         let c = Check::new(bank_kernels(bank.encoding()).0);
+        let (route, _gr) = routing.pointers(&c, stream, (tokens, topk, bank.experts, shared.is_some()))?;
         // Slots on x: a prompt pass has tokens × (topk + 1) of them, past y's 65,535.
         let grid = |slots, inter| Ok((c.i32("slots", slots)? as u32, blocks(inter, ROWS_PER_BLOCK)));
-        self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, ids), out, grid)
+        self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, route), out, grid)
     }
 
     /// The checks and launch of a gate_up kernel (this one or the grouped one of experts.rs),
-    /// whose grid `grid(slots, I)` gives.
+    /// whose grid `grid(slots, I)` gives; `route` the routing's addresses (checked).
     pub(crate) fn gate_up_with(
         &self,
         c: &Check,
@@ -443,7 +449,7 @@ impl KernelSet {
         bank: &MatrixView,
         shared: Option<&MatrixView>,
         (x, ldx): (&impl DevicePtr<bf16>, usize),
-        (tokens, topk, ids): (usize, usize, &impl DevicePtr<i32>),
+        (tokens, topk, route): (usize, usize, [u64; 3]),
         out: &mut impl DevicePtrMut<bf16>,
         grid: impl FnOnce(usize, usize) -> Result<(u32, u32)>,
     ) -> Result<()> {
@@ -455,60 +461,54 @@ impl KernelSet {
         c.ensure(ldx >= bank.cols && ldx.is_multiple_of(8), || {
             format!("ldx {ldx} (cols {})", bank.cols)
         })?;
-        let (xl, il, ol) = (x.len(), ids.len(), out.len());
+        let (xl, ol) = (x.len(), out.len());
         let (bm, sm, _gw) = bank_mats(c, stream, bank, shared)?;
         let (xp, _gx) = dptr(x, stream);
-        let (ip, _gi) = dptr(ids, stream);
         let (op, _go) = dptr_mut(out, stream);
         c.len("x", xl, span(tokens, bank.cols, ldx))?;
-        c.len("ids", il, tokens * topk)?;
         c.len("out", ol, slots * inter)?;
         c.aligned("x", xp, 16)?;
         if slots == 0 {
             return Ok(());
         }
-        let args = BankArgs::new(c, (bm, sm), [xp, ip, 0, op], (tokens, topk, shared.is_some()), ldx, inter)?;
+        let args = BankArgs { logits: route[2], ..BankArgs::new(c, (bm, sm), [xp, route[0], 0, op], (tokens, topk, shared.is_some()), ldx, inter)? };
         let (gx, gy) = grid(slots, inter)?;
         let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         self.launch_struct(stream, c.kernel, cfg, &args)
     }
 
     /// MoE down projection with the routing weights applied and the slots of each token summed:
-    /// `y[t] (+)= sum_j w[t*topk+j] * down[ids[t*topk+j]] . inp[t*topk+j]` plus the shared slot
-    /// `tokens*topk + t` when `shared` is given. `inp` is the dense `[slots, I]` output of
-    /// [`KernelSet::moe_gate_up`], `route_w` f32 `[slots]`, the bank `[E, H, I]`, y `[tokens, ldy]`.
-    /// With `accumulate`, y is added to (for bf16: `y = bf16(y + bf16(r))`).
+    /// `y[t] (+)= sum_j w[t*topk+j] * down[e_j] . inp[t*topk+j]` over the experts `e_j` and
+    /// weights `w` that `routing` gives, plus the shared slot `tokens*topk + t` when `shared` is
+    /// given. `inp` is the dense `[slots, I]` output of [`KernelSet::moe_gate_up`], the bank
+    /// `[E, H, I]`, y `[tokens, ldy]`.
     pub fn moe_down<O: GemvOut>(
         &self,
         stream: &CudaStream,
         bank: &MatrixView,
         shared: Option<&MatrixView>,
         inp: &impl DevicePtr<bf16>,
-        tokens: usize,
-        topk: usize,
-        ids: &impl DevicePtr<i32>,
-        route_w: &impl DevicePtr<f32>,
+        (tokens, topk): (usize, usize),
+        routing: &Routing,
         y: &mut impl DevicePtrMut<O>,
         ldy: usize,
         accumulate: bool,
     ) -> Result<()> {
         let c = Check::new(bank_kernels(bank.encoding()).1);
         let slots = self.check_shared(&c, bank, shared, tokens, topk)?;
+        c.ensure(topk < DOWN_MAX_SLOTS, || format!("top-{topk}: down keeps at most {} slots a token", DOWN_MAX_SLOTS - 1))?;
         c.ensure(bank.cols.is_multiple_of(8), || {
             format!("cols {} not a multiple of 8", bank.cols)
         })?;
         c.ensure(ldy >= bank.rows, || {
             format!("ldy {ldy} < rows {}", bank.rows)
         })?;
-        let (xl, il, wl, yl) = (inp.len(), ids.len(), route_w.len(), y.len());
+        let (route, _gr) = routing.pointers(&c, stream, (tokens, topk, bank.experts, shared.is_some()))?;
+        let (xl, yl) = (inp.len(), y.len());
         let (bm, sm, _gw) = bank_mats(&c, stream, bank, shared)?;
         let (xp, _gx) = dptr(inp, stream);
-        let (ip, _gi) = dptr(ids, stream);
-        let (wp, _gw) = dptr(route_w, stream);
         let (yp, _gy) = dptr_mut(y, stream);
         c.len("inp", xl, slots * bank.cols)?;
-        c.len("ids", il, tokens * topk)?;
-        c.len("route_w", wl, slots)?;
         c.len("y", yl, span(tokens, bank.rows, ldy))?;
         c.aligned("inp", xp, 16)?;
         if tokens == 0 {
@@ -517,7 +517,8 @@ impl KernelSet {
         let args = BankArgs {
             out_f32: O::IS_F32 as i32,
             accumulate: accumulate as i32,
-            ..BankArgs::new(&c, (bm, sm), [xp, ip, wp, yp], (tokens, topk, shared.is_some()), bank.cols, ldy)?
+            logits: route[2],
+            ..BankArgs::new(&c, (bm, sm), [xp, route[0], route[1], yp], (tokens, topk, shared.is_some()), bank.cols, ldy)?
         };
         let cfg = LaunchConfig {
             grid_dim: (

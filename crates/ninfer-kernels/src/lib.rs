@@ -59,7 +59,7 @@ pub use launch::KernelError;
 #[cfg(feature = "build-cubins")]
 pub use loader::{ImageKind, KernelSet};
 #[cfg(feature = "build-cubins")]
-pub use moe::ROUTE_MAX_EXPERTS;
+pub use moe::{Routing, ROUTE_MAX_EXPERTS};
 #[cfg(feature = "build-cubins")]
 pub use norm::Rows;
 #[cfg(feature = "build-cubins")]

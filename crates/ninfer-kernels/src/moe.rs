@@ -1,7 +1,7 @@
-//! Launcher of kernels/moe.cu: router softmax, top-k and renormalisation (model-spec.md 2.5).
-//! The expert-bank products themselves are in gemv.rs.
+//! Launcher of kernels/moe.cu: router softmax, top-k and renormalisation (model-spec.md 2.5),
+//! and [`Routing`], where the expert-bank products (gemv.rs) find each slot's expert.
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDrop};
 use half::bf16;
 
 use crate::launch::{blocks, device_args, dptr, dptr_mut, Check, Result};
@@ -24,6 +24,40 @@ device_args!(RouteArgs, 48);
 
 /// Most experts the router kernel handles (16 per lane of one warp).
 pub const ROUTE_MAX_EXPERTS: usize = 512;
+
+/// Where the per-slot expert kernels ([`KernelSet::moe_gate_up`], [`KernelSet::moe_down`])
+/// find each slot's expert and routing weight.
+pub enum Routing<'a> {
+    /// `ids` `[tokens·topk]` and `w` `[slots]` as [`KernelSet::moe_route`] writes them (the
+    /// shared slots' weights after the routed ones); gate_up reads only the ids.
+    Table { ids: CudaView<'a, i32>, w: CudaView<'a, f32> },
+    /// One token's router logits `[E]` (`[E + 1]` with the shared expert, its gate logit
+    /// last): every block of both kernels routes them as [`KernelSet::moe_route`] does, so no
+    /// routing launch runs between the router product and the experts.
+    Logits(CudaView<'a, bf16>),
+}
+
+impl Routing<'_> {
+    /// The kernels' `ids`, `route_w` and `logits` addresses (0 where unused) after the checks
+    /// against `tokens` tokens of `topk` picks among `experts`, with or without a shared slot.
+    pub(crate) fn pointers<'s>(&'s self, c: &Check, stream: &'s CudaStream, (tokens, topk, experts, shared): (usize, usize, usize, bool)) -> Result<([u64; 3], Vec<SyncOnDrop<'s>>)> {
+        match self {
+            Routing::Table { ids, w } => {
+                c.len("ids", ids.len(), tokens * topk)?;
+                c.len("route_w", w.len(), tokens * (topk + shared as usize))?;
+                let ((ip, gi), (wp, gw)) = (dptr(ids, stream), dptr(w, stream));
+                Ok(([ip, wp, 0], vec![gi, gw]))
+            }
+            Routing::Logits(l) => {
+                c.ensure(tokens == 1, || format!("logits route one token, not {tokens}"))?;
+                c.ensure(experts <= ROUTE_MAX_EXPERTS && topk <= experts.min(32), || format!("top-{topk} of {experts} experts"))?;
+                c.len("logits", l.len(), experts + shared as usize)?;
+                let (lp, gl) = dptr(l, stream);
+                Ok(([0, 0, lp], vec![gl]))
+            }
+        }
+    }
+}
 
 impl KernelSet {
     /// Routes `tokens` rows of bf16 router logits `[tokens, ld]`: `ids[t*topk + j]` and

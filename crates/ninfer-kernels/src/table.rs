@@ -76,7 +76,6 @@ kernel_table! {
     MoeGateUpNvfp4 => "gemv", "ninfer_moe_gate_up_nvfp4";
     MoeDownNvfp4 => "gemv", "ninfer_moe_down_nvfp4";
     MoeRoute => "moe", "ninfer_moe_route";
-    MoeRouterBf16B1 => "fused", "ninfer_moe_router_bf16_b1";
     MoeGateUpGroupedNvfp4 => "experts", "ninfer_moe_gate_up_grouped_nvfp4";
     MoeDownGroupedNvfp4 => "experts", "ninfer_moe_down_grouped_nvfp4";
     MoeCombine => "experts", "ninfer_moe_combine";

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use ninfer_kernels::cudarc::driver::{sys::CUevent_flags, CudaStream};
 use ninfer_kernels::{
-    attention_workspace_len, AttentionBatch, AttnTiles, DeltaForm, GdnDims, HeadLayout, PagedKv, SamplingRow,
-    SeqSlots,
+    attention_workspace_len, AttentionBatch, AttnTiles, DeltaForm, GdnDims, HeadLayout, PagedKv, Routing,
+    SamplingRow, SeqSlots,
 };
 
 use crate::common::*;
@@ -170,15 +170,15 @@ fn bench_moe_decode() {
         let sdn = HostMat::random(enc, 1, h, i, 1, &mut rng).upload(&s);
         let (sguv, sdnv) = (sgu.view(), sdn.view());
         let x = up(&s, &rng.bf16s(h, 1.0));
-        let ids: Vec<i32> = rng.distinct(e, k).into_iter().map(|v| v as i32).collect();
-        let ids = up(&s, &ids);
-        let w = up(&s, &vec![0.1f32; k + 1]);
+        // Routed by the kernels from the logits, as a decode step runs them.
+        let logits = up(&s, &rng.bf16s(e + 1, 2.0));
         let mut m = nan_bf16(&s, (k + 1) * i);
         let mut y = nan_f32(&s, h);
         let per = if enc == Enc::Nvfp4 { 0.5625 } else { 1.0625 };
         let bytes = (k + 1) as f64 * (2 * i * h) as f64 * per;
+        let table = Routing::Logits(logits.slice(..));
         let ms = time_ms(&s, 50, || {
-            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, 1, k, &ids, &mut m)
+            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, (1, k), &table, &mut m)
                 .unwrap()
         });
         report(
@@ -192,10 +192,8 @@ fn bench_moe_decode() {
                 &dn.view(),
                 Some(&sdnv),
                 &m,
-                1,
-                k,
-                &ids,
-                &w,
+                (1, k),
+                &table,
                 &mut y,
                 h,
                 false,
@@ -235,8 +233,9 @@ fn bench_moe_prompt() {
         let mut y = up(&s, &rng.bf16s(t * h, 1.0));
         let mut part = nan_f32(&s, slots * h);
         let per_slot = time_ms(&s, 10, || {
-            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, t, k, &ids, &mut m).unwrap();
-            g.ks.moe_down(&s, &dn.view(), Some(&sdnv), &m, t, k, &ids, &w, &mut y, h, true).unwrap();
+            let table = Routing::Table { ids: ids.slice(..), w: w.slice(..) };
+            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, (t, k), &table, &mut m).unwrap();
+            g.ks.moe_down(&s, &dn.view(), Some(&sdnv), &m, (t, k), &table, &mut y, h, true).unwrap();
         });
         let grouped = time_ms(&s, 10, || {
             g.ks.moe_gate_up_grouped(&s, &gu.view(), Some(&sguv), &x, h, t, k, &ids, &mut m).unwrap();

@@ -1,6 +1,6 @@
 //! moe.cu (router), the expert-bank kernels of gemv.cu and the grouped ones of experts.cu.
 
-use ninfer_kernels::{bf16, GROUPED_MAX_TOKENS};
+use ninfer_kernels::{bf16, Routing, GROUPED_MAX_TOKENS};
 
 use crate::common::*;
 use crate::mats::*;
@@ -36,6 +36,7 @@ fn bank_case(
         .map(|_| bf(0.05 + rng.uniform() as f32))
         .collect();
     let (dx, dids, dw) = (up(&s, &x), up(&s, &ids), up(&s, &route_w));
+    let table = Routing::Table { ids: dids.slice(..), w: dw.slice(..) };
     let shared_gu = dsgu.view();
     let shared_dn = dsdn.view();
     let name =
@@ -49,9 +50,8 @@ fn bank_case(
         shared.then_some(&shared_gu),
         &dx,
         hidden,
-        tokens,
-        topk,
-        &dids,
+        (tokens, topk),
+        &table,
         &mut m,
     )
     .unwrap();
@@ -99,10 +99,8 @@ fn bank_case(
         &ddn.view(),
         shared.then_some(&shared_dn),
         &m,
-        tokens,
-        topk,
-        &dids,
-        &dw,
+        (tokens, topk),
+        &table,
         &mut y32,
         hidden,
         false,
@@ -118,10 +116,8 @@ fn bank_case(
         &ddn.view(),
         shared.then_some(&shared_dn),
         &m,
-        tokens,
-        topk,
-        &dids,
-        &dw,
+        (tokens, topk),
+        &table,
         &mut y16,
         hidden,
         true,
@@ -191,9 +187,10 @@ fn gate_up_zeroes_invalid_expert_ids() {
     let mut rng = Rng::new(430);
     let gu = HostMat::random(Enc::Bf16, 4, 64, 64, 1, &mut rng).upload(&s);
     let x = up(&s, &rng.bf16s(64, 1.0));
-    let ids = up(&s, &[2i32, -1, 4]);
+    let (ids, w) = (up(&s, &[2i32, -1, 4]), up(&s, &[1f32; 3]));
     let mut m = nan_bf16(&s, 3 * 32);
-    g.ks.moe_gate_up(&s, &gu.view(), None, &x, 64, 1, 3, &ids, &mut m)
+    let table = Routing::Table { ids: ids.slice(..), w: w.slice(..) };
+    g.ks.moe_gate_up(&s, &gu.view(), None, &x, 64, (1, 3), &table, &mut m)
         .unwrap();
     let got = down(&s, &m);
     assert!(got[..32].iter().all(|v| v.is_finite()));
@@ -288,42 +285,38 @@ fn router_skips_nan_logits() {
     assert!((w.iter().sum::<f32>() - 1.0).abs() < 1e-2);
 }
 
-/// The fused router (norm, router product, routing by the last block) against the launches it
-/// replaces, twice in a row (its block counter must be back at zero after each launch).
+/// One token's experts routed by the expert kernels from its logits (the decode path) against
+/// the same kernels on the routing launch's table: the same bits, gate_up and down alike.
 #[test]
-fn fused_router_equals_norm_product_and_route() {
+fn experts_routed_from_logits_equal_the_route_table() {
     let Some(g) = gpu() else { return };
     let s = g.stream();
     let mut rng = Rng::new(450);
-    for (experts, topk, shared, hidden) in [(256usize, 8usize, true, 2048usize), (64, 4, false, 256)] {
-        let rows = experts + shared as usize;
-        let m = HostMat::random(Enc::Bf16, 1, rows, hidden, 1, &mut rng).upload(&s);
-        let name = format!("router E={experts} top{topk} shared={shared}");
-        for round in 0..2 {
-            let (x, nw) = (up(&s, &rng.bf16s(hidden, 2.0)), up(&s, &rng.bf16s(hidden, 0.1)));
-            let mut logits_ref = nan_bf16(&s, rows);
-            let mut a_ref = nan_bf16(&s, hidden);
-            g.ks.gemv_norm(&s, &m.view(), &x, &nw, 1e-6, &mut logits_ref, Some(&mut a_ref.slice_mut(..))).unwrap();
-            let (mut ids_ref, mut w_ref) = (up(&s, &vec![-1i32; topk]), nan_f32(&s, topk + shared as usize));
-            g.ks.moe_route(&s, &logits_ref, rows, 1, experts, topk, shared, &mut ids_ref, &mut w_ref).unwrap();
-
-            let mut logits = nan_bf16(&s, rows);
-            let mut a = nan_bf16(&s, hidden);
-            let (mut ids, mut w) = (up(&s, &vec![-1i32; topk]), nan_f32(&s, topk + shared as usize));
-            let mut counter = up(&s, &[0u32]);
-            if round == 1 {
-                // A first launch on the same counter: the second must still route.
-                g.ks.moe_router(&s, &m.view(), &x, &nw, 1e-6, &mut logits, None, (experts, topk, shared), &mut ids, &mut w, &mut counter).unwrap();
-            }
-            g.ks.moe_router(&s, &m.view(), &x, &nw, 1e-6, &mut logits, Some(&mut a.slice_mut(..)), (experts, topk, shared), &mut ids, &mut w, &mut counter)
-                .unwrap();
-            assert_eq!(down(&s, &logits), down(&s, &logits_ref), "{name}: logits");
-            assert_eq!(down(&s, &a), down(&s, &a_ref), "{name}: normed row");
-            assert_eq!(down(&s, &ids), down(&s, &ids_ref), "{name}: ids");
-            let (wg, wr) = (down(&s, &w), down(&s, &w_ref));
-            assert!(wg.iter().all(|v| v.is_finite()), "{name}: weights {wg:?}");
-            assert_eq!(wg, wr, "{name}: weights");
-            assert_eq!(down(&s, &counter), vec![0u32], "{name}: counter left at zero");
-        }
+    for (enc, experts, topk, shared, inter, hidden) in [(Enc::Nvfp4, 256usize, 8usize, true, 512usize, 2048usize), (Enc::Q8, 64, 4, false, 64, 256)] {
+        let segs = if enc == Enc::Nvfp4 { 2 } else { 1 };
+        let gu = HostMat::random(enc, experts, 2 * inter, hidden, segs, &mut rng).upload(&s);
+        let dn = HostMat::random(enc, experts, hidden, inter, 1, &mut rng).upload(&s);
+        let sgu = HostMat::random(enc, 1, 2 * inter, hidden, segs, &mut rng).upload(&s);
+        let sdn = HostMat::random(enc, 1, hidden, inter, 1, &mut rng).upload(&s);
+        let (sguv, sdnv) = (sgu.view(), sdn.view());
+        let name = format!("routed in the experts {enc:?} E={experts} top{topk} shared={shared}");
+        let slots = topk + shared as usize;
+        let x = up(&s, &rng.bf16s(hidden, 1.0));
+        let logits = up(&s, &rng.bf16s(experts + shared as usize, 2.0));
+        let (mut ids, mut w) = (up(&s, &vec![-1i32; topk]), nan_f32(&s, slots));
+        g.ks.moe_route(&s, &logits, experts + 1, 1, experts, topk, shared, &mut ids, &mut w).unwrap();
+        let resid = rng.bf16s(hidden, 2.0);
+        let run = |routing: &Routing| {
+            let mut m = nan_bf16(&s, slots * inter);
+            g.ks.moe_gate_up(&s, &gu.view(), shared.then_some(&sguv), &x, hidden, (1, topk), routing, &mut m).unwrap();
+            let mut y = up(&s, &resid);
+            g.ks.moe_down(&s, &dn.view(), shared.then_some(&sdnv), &m, (1, topk), routing, &mut y, hidden, true).unwrap();
+            (down(&s, &m), down(&s, &y))
+        };
+        let (m_ref, y_ref) = run(&Routing::Table { ids: ids.slice(..), w: w.slice(..) });
+        let (m, y) = run(&Routing::Logits(logits.slice(..)));
+        assert!(m_ref.iter().all(|v| v.is_finite()) && y_ref.iter().all(|v| v.is_finite()), "{name}: reference not finite");
+        assert_eq!(m, m_ref, "{name}: gate_up");
+        assert_eq!(y, y_ref, "{name}: down into the residual");
     }
 }

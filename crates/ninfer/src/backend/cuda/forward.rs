@@ -15,7 +15,7 @@ use std::sync::Arc;
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use ninfer_kernels::{
-    AttentionBatch, AttnTiles, ConvTail, DeltaForm, GdnDims, GDN_CHUNK_MIN, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Rows, SeqSlots, Weights,
+    AttentionBatch, AttnTiles, ConvTail, DeltaForm, GdnDims, GDN_CHUNK_MIN, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Routing, Rows, SeqSlots, Weights,
     GEMV_MAX_BATCH, GROUPED_MAX_TOKENS,
 };
 
@@ -445,30 +445,12 @@ fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tab
 
 /// Sparse MoE block (model-spec.md §2.5), added into the residual `ws.h` in bf16.
 fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, norm: Option<Span>) -> Result<(), BackendError> {
-    let d = cx.dims;
-    let (h, e, k) = (d.h, d.e, d.topk);
-    // Router logits, and the shared expert's gate logit in column E of the same rows: one
-    // launch of the stacked matrix, or two; then the routing. With `norm` (a single-token pass)
-    // one launch norms h, stores a, multiplies and routes, when the one bf16 matrix holds every
-    // logit; otherwise the first product norms h and stores a (first_linear).
-    let whole = mw.router_gate.as_ref().or(mw.shared.is_none().then_some(&mw.router));
-    if let (Some(norm), Some(m)) = (norm, whole.filter(|m| m.is_bf16())) {
-        let (nw, eps) = (cx.arena.bf16(norm), cx.cfg.rms_norm_eps);
-        let routing = (e, k, mw.shared.is_some());
-        let mut a = ws.a.slice_mut(..h);
-        cx.ks
-            .moe_router(cx.s, &cx.arena.mat(m), &ws.h.slice(..h), &nw, eps, &mut ws.router, Some(&mut a), routing, &mut ws.ids, &mut ws.route_w, &mut ws.route_counter)
-            .map_err(kern)?;
-        cx.mark("moe.router_route", m.bytes());
-    } else {
-        router(cx, mw, ws, t, norm)?;
-    }
-    experts(cx, mw, ws, tb, t)
-}
-
-/// The router product(s) into `ws.router` and the routing of every token.
-fn router(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, t: usize, norm: Option<Span>) -> Result<(), BackendError> {
     let (h, e, k) = (cx.dims.h, cx.dims.e, cx.dims.topk);
+    // Router logits, and the shared expert's gate logit in column E of the same rows: one
+    // launch of the stacked matrix, or two (with `norm`, a single-token pass, the first norms
+    // h and stores a). Then the routing: a single token whose shared expert rides in the
+    // experts' launches (or that has none) is routed by the expert kernels themselves
+    // (gemv.cu), every other pass by its own launch.
     if let Some(m) = &mw.router_gate {
         first_linear(cx, "moe.router_gate", m, (&ws.h, &mut ws.a), norm, t, ws.router.as_view_mut(), e + 1)?;
     } else {
@@ -477,13 +459,17 @@ fn router(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, t: usize, norm: Option<Span>)
             linear(cx, "moe.shared_gate", &sh.gate, ws.a.as_view(), t, h, ws.router.slice_mut(e..), e + 1)?;
         }
     }
-    cx.ks.moe_route(cx.s, &ws.router, e + 1, t, e, k, mw.shared.is_some(), &mut ws.ids, &mut ws.route_w).map_err(kern)?;
-    cx.mark("moe.route", 0);
-    Ok(())
+    let in_experts = t == 1 && (mw.shared.is_none() || mw.fused);
+    if !in_experts {
+        cx.ks.moe_route(cx.s, &ws.router, e + 1, t, e, k, mw.shared.is_some(), &mut ws.ids, &mut ws.route_w).map_err(kern)?;
+        cx.mark("moe.route", 0);
+    }
+    experts(cx, mw, ws, tb, t, in_experts)
 }
 
-/// The routed and shared experts of the chosen ids, added into the residual `ws.h`.
-fn experts(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize) -> Result<(), BackendError> {
+/// The routed and shared experts, added into the residual `ws.h`: of the ids `moe_route`
+/// chose, or with `in_experts` routed by the expert kernels from the one token's logits.
+fn experts(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, in_experts: bool) -> Result<(), BackendError> {
     let d = cx.dims;
     let (h, e, k) = (d.h, d.e, d.topk);
     // Of each bank, the experts the tokens chose (at most all of them); the shared expert once.
@@ -504,32 +490,26 @@ fn experts(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize) -> Re
         cx.mark("moe.combine", 0);
         return Ok(());
     }
-    match &mw.shared {
-        Some(sh) if mw.fused => {
-            let (sgu, sdn) = (cx.arena.mat(&sh.gate_up), cx.arena.mat(&sh.down));
-            cx.ks.moe_gate_up(cx.s, &gu, Some(&sgu), &ws.a, h, t, k, &ws.ids, &mut ws.gu).map_err(kern)?;
-            cx.mark("moe.gate_up", touched(&mw.gate_up) + shared(|sh| &sh.gate_up));
-            cx.ks.moe_down(cx.s, &dn, Some(&sdn), &ws.gu, t, k, &ws.ids, &ws.route_w, &mut ws.h, h, true).map_err(kern)?;
-            cx.mark("moe.down", touched(&mw.down) + shared(|sh| &sh.down));
-            Ok(())
-        }
-        shared => {
-            cx.ks.moe_gate_up(cx.s, &gu, None, &ws.a, h, t, k, &ws.ids, &mut ws.gu).map_err(kern)?;
-            cx.mark("moe.gate_up", touched(&mw.gate_up));
-            cx.ks.moe_down(cx.s, &dn, None, &ws.gu, t, k, &ws.ids, &ws.route_w, &mut ws.h, h, true).map_err(kern)?;
-            cx.mark("moe.down", touched(&mw.down));
-            let Some(sh) = shared else { return Ok(()) };
-            // A shared expert of another encoding or width runs as a one-expert bank with id 0
-            // for every token, weighted by its sigmoid gate (stored after the routed weights).
-            let (sgu, sdn) = (cx.arena.mat(&sh.gate_up), cx.arena.mat(&sh.down));
-            let gate_w = ws.route_w.slice(t * k..);
-            cx.ks.moe_gate_up(cx.s, &sgu, None, &ws.a, h, t, 1, &tb.zeros, &mut ws.gu).map_err(kern)?;
-            cx.mark("moe.shared_gate_up", sh.gate_up.bytes());
-            cx.ks.moe_down(cx.s, &sdn, None, &ws.gu, t, 1, &tb.zeros, &gate_w, &mut ws.h, h, true).map_err(kern)?;
-            cx.mark("moe.shared_down", sh.down.bytes());
-            Ok(())
-        }
-    }
+    let routing = if in_experts {
+        Routing::Logits(ws.router.slice(..e + 1))
+    } else {
+        Routing::Table { ids: ws.ids.slice(..), w: ws.route_w.slice(..) }
+    };
+    let fused = mw.shared.as_ref().filter(|_| mw.fused).map(|sh| (cx.arena.mat(&sh.gate_up), cx.arena.mat(&sh.down)));
+    cx.ks.moe_gate_up(cx.s, &gu, fused.as_ref().map(|f| &f.0), &ws.a, h, (t, k), &routing, &mut ws.gu).map_err(kern)?;
+    cx.mark("moe.gate_up", touched(&mw.gate_up) + if fused.is_some() { shared(|sh| &sh.gate_up) } else { 0 });
+    cx.ks.moe_down(cx.s, &dn, fused.as_ref().map(|f| &f.1), &ws.gu, (t, k), &routing, &mut ws.h, h, true).map_err(kern)?;
+    cx.mark("moe.down", touched(&mw.down) + if fused.is_some() { shared(|sh| &sh.down) } else { 0 });
+    let Some(sh) = mw.shared.as_ref().filter(|_| !mw.fused) else { return Ok(()) };
+    // A shared expert of another encoding or width runs as a one-expert bank with id 0 for
+    // every token, weighted by its sigmoid gate (stored after the routed weights).
+    let (sgu, sdn) = (cx.arena.mat(&sh.gate_up), cx.arena.mat(&sh.down));
+    let alone = Routing::Table { ids: tb.zeros.slice(..), w: ws.route_w.slice(t * k..) };
+    cx.ks.moe_gate_up(cx.s, &sgu, None, &ws.a, h, (t, 1), &alone, &mut ws.gu).map_err(kern)?;
+    cx.mark("moe.shared_gate_up", sh.gate_up.bytes());
+    cx.ks.moe_down(cx.s, &sdn, None, &ws.gu, (t, 1), &alone, &mut ws.h, h, true).map_err(kern)?;
+    cx.mark("moe.shared_down", sh.down.bytes());
+    Ok(())
 }
 
 /// Whether a pass of `t` tokens runs its experts grouped (kernels/experts.cu): NVFP4 banks, a

@@ -253,8 +253,6 @@ pub(super) struct Workspace {
     pub gu: CudaSlice<bf16>,
     /// Each MoE slot's weighted down projection (grouped passes).
     pub moe_part: CudaSlice<f32>,
-    /// The fused router's count of finished blocks (zero between launches).
-    pub route_counter: CudaSlice<u32>,
     /// Final-normed rows that get logits, `[LOGIT_ROWS, H]`.
     pub sel: CudaSlice<bf16>,
     pub logits: CudaSlice<f32>,
@@ -285,7 +283,6 @@ impl Workspace {
             route_w: zeros(s, d.moe_slots(), w)?,
             gu: zeros(s, d.moe_slots() * d.inter, w)?,
             moe_part: zeros(s, d.moe_part_elems(), w)?,
-            route_counter: zeros(s, 1, w)?,
             sel: zeros(s, LOGIT_ROWS * d.h, w)?,
             logits: zeros(s, LOGIT_ROWS * d.v, w)?,
             attn_part: zeros(s, d.attn_part_elems(), w)?,

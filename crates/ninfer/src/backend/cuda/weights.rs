@@ -69,11 +69,6 @@ impl DevMat {
         matches!(self.parts, Parts::Bf16 { .. } | Parts::Q8 { .. })
     }
 
-    /// bf16 (the fused router takes only these).
-    pub fn is_bf16(&self) -> bool {
-        matches!(self.parts, Parts::Bf16 { .. })
-    }
-
     /// NVFP4-encoded (the grouped expert kernels take only these).
     pub fn is_nvfp4(&self) -> bool {
         matches!(self.parts, Parts::Nvfp4 { .. })
