@@ -34,6 +34,14 @@
 #define FUSED_THREADS 256
 #define FUSED_PER (FUSED_MAX_K / 8 / FUSED_THREADS)  // 8-element chunks of the row per thread
 
+// Chunk loads in flight per lane: 4, or 8 of bf16's 16-byte chunks, so that a 2048-column bf16
+// row (the router's, one per warp) is in registers before grid_wait() and no weight load is
+// left for after it.
+template <typename Enc>
+__device__ constexpr int fused_ahead() {
+    return Enc::CHUNK == 8 ? 8 : 4;
+}
+
 // The product of the row that `fill` builds in shared memory, each warp taking rows
 // blockIdx.x * 8 + warp + k * gridDim.x * 8 (a grid of fewer blocks than ceil(N / 8) streams
 // several rows per warp), then `epi(row, v)` by every lane of each row's warp after lane 0's
@@ -50,7 +58,7 @@ __device__ __forceinline__ void row_product(const GemvArgs& a, Fill fill, Epi ep
     const int lane = threadIdx.x & 31;
     const int row0 = blockIdx.x * 8 + (threadIdx.x >> 5);
     // A warp without rows only builds the row and waits like the others.
-    RowStream<Enc, 4> rs;
+    RowStream<Enc, fused_ahead<Enc>()> rs;
     rs.start(a.m, row0, gridDim.x * 8, lane);
     grid_wait();
     fill(xs);
