@@ -4,14 +4,12 @@
 // sequence s lives in row block_table[s * bt_stride + p / page_size] * page_size + p % page_size.
 // A contiguous cache is the special case of an identity block table.
 //
-// ninfer_kv_write: k_cache[slot[t], h, :] = k[t*k_ld + h*k_hs + :], same for v; slot < 0 skips
-//   the token. Launch: block 128, grid (tokens).
-//
 // ninfer_attention: sequences s = 0..seqs-1 own query tokens [cu_q[s], cu_q[s+1]) and kv_len[s]
-//   cache positions (the new tokens included, already written). Query i of sequence s sits at
-//   position kv_len - q_len + i and attends causally to positions 0..that position. Query head
-//   h uses kv head h / (q_heads / kv_heads) (GQA). Query row of token t, head h at
-//   q + t*q_ld + h*q_hs; the gate row (if gate != null) at gate + t*q_ld + h*q_hs.
+//   cache positions (the new tokens included, already written: ninfer_qk_norm_rope writes
+//   them). Query i of sequence s sits at position kv_len - q_len + i and attends causally to
+//   positions 0..that position. Query head h uses kv head h / (q_heads / kv_heads) (GQA). Query
+//   row of token t, head h at q + t*q_ld + h*q_hs; the gate row (if gate != null) at
+//   gate + t*q_ld + h*q_hs.
 //   o = softmax(q . K^T * scale) V, f32 math and accumulation, exp2-based online softmax.
 //   splits == 1: out[t, h, :] = bf16(bf16(o) * bf16(sigmoid(gate))) (or bf16(o) without gate),
 //   out dense bf16 [T, q_heads, dim].
@@ -38,40 +36,6 @@
 #define ATT_MAX_SPLITS 256  // mirrored by ATTN_MAX_SPLITS in src/attention.rs
 #define ATT_THREADS 256
 #define ATT_ITEMS (ATT_ROWS * ATT_MAX_DIM / 8 / ATT_THREADS)
-
-struct KvWriteArgs {
-    const bf16* k;
-    const bf16* v;
-    bf16* k_cache;
-    bf16* v_cache;
-    const int* slot;
-    int tokens;
-    int kv_heads;
-    int dim;
-    int k_ld;
-    int k_hs;
-    int v_ld;
-    int v_hs;
-    int pad;
-};
-static_assert(sizeof(KvWriteArgs) == 72, "mirrored in crates/ninfer-kernels/src/attention.rs");
-
-extern "C" __global__ void __launch_bounds__(128) ninfer_kv_write(KvWriteArgs a) {
-    grid_release();
-    grid_wait();
-    const int t = blockIdx.x;
-    const int slot = a.slot[t];
-    if (slot < 0) return;
-    const int chunks = a.dim / 8;
-    for (int i = threadIdx.x; i < a.kv_heads * chunks; i += blockDim.x) {
-        const int h = i / chunks, c = i - h * chunks;
-        const size_t dst = ((size_t)slot * a.kv_heads + h) * a.dim + c * 8;
-        *reinterpret_cast<uint4*>(a.k_cache + dst) =
-            ldg16(a.k + (size_t)t * a.k_ld + (size_t)h * a.k_hs + c * 8);
-        *reinterpret_cast<uint4*>(a.v_cache + dst) =
-            ldg16(a.v + (size_t)t * a.v_ld + (size_t)h * a.v_hs + c * 8);
-    }
-}
 
 struct AttnArgs {
     const bf16* q;

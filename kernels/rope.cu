@@ -1,5 +1,6 @@
 // Per-head q/k norm and partial rotary embedding of the full-attention layers
-// (model-spec.md 2.3 steps 3-4), in place on bf16 heads.
+// (model-spec.md 2.3 steps 3-4), in place on bf16 heads, optionally writing the layer's KV
+// cache rows of the same tokens (one launch where a separate cache write was another).
 //
 // ninfer_qk_norm_rope
 //   Heads: q head h of token t at q + t*q_ld + h*q_hs (q_heads of them), k head h at
@@ -13,9 +14,16 @@
 //        x'[j]         = bf16(bf16(x[j] * c)         - bf16(x[j + rot/2] * s))
 //        x'[j + rot/2] = bf16(bf16(x[j + rot/2] * c) + bf16(x[j] * s))
 //      dims [rot, dim) are unchanged. Positions are 1-D (text: all mRoPE axes equal).
-//   Limits: dim % 8 == 0, dim <= 512, rot even and <= dim, head starts 16-byte aligned; no two
-//   heads overlap (q and k may share rows: the stacked q/k/v projection output).
-//   Launch: block 128 = 4 warps, one head per warp, grid ceil(tokens * (q_heads + k_heads) / 4).
+//   3. With k_cache != null: caches bf16 [cache_rows, k_heads, dim], token t's row at slot[t]
+//      (slot < 0 skips the token). k_cache[slot[t], h, :] = the final k head h (also written in
+//      place as above), v_cache[slot[t], h, :] = v head h of token t at v + t*v_ld + h*v_hs
+//      (k_heads of them, copied unchanged). With k_cache == null, v, v_cache and slot are unused.
+//   Limits: dim % 8 == 0, dim <= 512, rot even and <= dim, head starts and caches 16-byte
+//   aligned; no two q/k heads overlap (q and k may share rows: the stacked q/k/v projection
+//   output); v heads may share those rows but overlap no q/k head (they are read while other
+//   warps rewrite q and k); the caches alias nothing else.
+//   Launch: block 128 = 4 warps, one head per warp; items per token q_heads + k_heads, plus
+//   k_heads (the v heads) with caches; grid ceil(tokens * items / 4).
 #include "common.cuh"
 
 #define ROPE_MAX_DIM 512
@@ -26,6 +34,10 @@ struct RopeArgs {
     const bf16* q_norm;
     const bf16* k_norm;
     const int* pos;
+    const bf16* v;
+    bf16* k_cache;
+    bf16* v_cache;
+    const int* slot;
     int tokens;
     int q_heads;
     int k_heads;
@@ -33,13 +45,15 @@ struct RopeArgs {
     int q_hs;
     int k_ld;
     int k_hs;
+    int v_ld;
+    int v_hs;
     int dim;
     int rot;
     float theta;
     float eps;
     int pad;
 };
-static_assert(sizeof(RopeArgs) == 88, "mirrored in crates/ninfer-kernels/src/rope.rs");
+static_assert(sizeof(RopeArgs) == 128, "mirrored in crates/ninfer-kernels/src/rope.rs");
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a) {
     grid_release();
@@ -48,17 +62,29 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a
     __shared__ float cos_s[4][ROPE_MAX_DIM / 2], sin_s[4][ROPE_MAX_DIM / 2];
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
-    const int heads = a.q_heads + a.k_heads;
+    const bool to_cache = a.k_cache != nullptr;
+    const int heads = a.q_heads + a.k_heads * (to_cache ? 2 : 1);
     const int item = blockIdx.x * 4 + warp;
     if (item >= a.tokens * heads) return;
     const int t = item / heads;
     const int h = item - t * heads;
     const bool is_q = h < a.q_heads;
+    const int slot = to_cache && !is_q ? a.slot[t] : -1;
+    const int chunks = a.dim / 8;
+    if (h >= a.q_heads + a.k_heads) {
+        // A v head: nothing to compute, only its cache row.
+        if (slot < 0) return;
+        const int hv = h - a.q_heads - a.k_heads;
+        const bf16* src = a.v + (size_t)t * a.v_ld + (size_t)hv * a.v_hs;
+        bf16* dst = a.v_cache + ((size_t)slot * a.k_heads + hv) * a.dim;
+        for (int c = lane; c < chunks; c += 32)
+            *reinterpret_cast<uint4*>(dst + c * 8) = ldg16(src + c * 8);
+        return;
+    }
     bf16* x = is_q ? a.q + (size_t)t * a.q_ld + (size_t)h * a.q_hs
                    : a.k + (size_t)t * a.k_ld + (size_t)(h - a.q_heads) * a.k_hs;
     const bf16* w = is_q ? a.q_norm : a.k_norm;
     float* row = buf[warp];
-    const int chunks = a.dim / 8;
     float ss = 0.f;
     for (int c = lane; c < chunks; c += 32) {
         float v[8];
@@ -90,6 +116,7 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a
         }
     }
     __syncwarp();
+    bf16* kc = slot >= 0 ? a.k_cache + ((size_t)slot * a.k_heads + (h - a.q_heads)) * a.dim : nullptr;
     for (int c = lane; c < chunks; c += 32) {
         float v[8];
 #pragma unroll
@@ -108,6 +135,8 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a
             }
             v[i] = out;
         }
-        *reinterpret_cast<uint4*>(x + c * 8) = pack_bf8(v);
+        const uint4 packed = pack_bf8(v);
+        *reinterpret_cast<uint4*>(x + c * 8) = packed;
+        if (kc != nullptr) *reinterpret_cast<uint4*>(kc + c * 8) = packed;
     }
 }

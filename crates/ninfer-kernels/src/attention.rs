@@ -1,6 +1,6 @@
-//! Launchers of kernels/attention.cu: KV cache writes, gated causal attention over a paged
-//! cache (prefill and decode, GQA, optional split-KV) and the split combine
-//! (model-spec.md 2.3 steps 5-6).
+//! Launchers of kernels/attention.cu: gated causal attention over a paged cache (prefill and
+//! decode, GQA, optional split-KV) and the split combine (model-spec.md 2.3 steps 5-6). The
+//! cache rows are written by [`KernelSet::qk_norm_rope`].
 
 use cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDrop};
 use half::bf16;
@@ -34,24 +34,6 @@ pub struct AttentionBatch<'a> {
     pub block_table: CudaView<'a, i32>,
     pub bt_stride: usize,
 }
-
-#[repr(C)]
-struct KvWriteArgs {
-    k: u64,
-    v: u64,
-    k_cache: u64,
-    v_cache: u64,
-    slot: u64,
-    tokens: i32,
-    kv_heads: i32,
-    dim: i32,
-    k_ld: i32,
-    k_hs: i32,
-    v_ld: i32,
-    v_hs: i32,
-    pad: i32,
-}
-device_args!(KvWriteArgs, 72);
 
 #[repr(C)]
 struct AttnArgs {
@@ -137,70 +119,6 @@ pub fn attention_workspace_len(tokens: usize, q_heads: usize, dim: usize, splits
 }
 
 impl KernelSet {
-    /// Writes k and v rows of `tokens` tokens into the caches at rows `slots[t]`
-    /// (page * page_size + offset; negative slots are skipped). Caches are
-    /// `[cache_rows, kv_heads, dim]`.
-    pub fn kv_write(
-        &self,
-        stream: &CudaStream,
-        k: &impl DevicePtr<bf16>,
-        k_layout: HeadLayout,
-        v: &impl DevicePtr<bf16>,
-        v_layout: HeadLayout,
-        tokens: usize,
-        dim: usize,
-        slots: &impl DevicePtr<i32>,
-        k_cache: &mut impl DevicePtrMut<bf16>,
-        v_cache: &mut impl DevicePtrMut<bf16>,
-        cache_rows: usize,
-    ) -> Result<()> {
-        let c = Check::new(Kernel::KvWrite);
-        let kv_heads = k_layout.heads;
-        c.ensure(v_layout.heads == kv_heads, || {
-            format!("k has {kv_heads} heads, v {}", v_layout.heads)
-        })?;
-        c.ensure(dim.is_multiple_of(8) && dim > 0, || {
-            format!("dim {dim} not a multiple of 8")
-        })?;
-        let (kl, vl, sl, kcl, vcl) = (k.len(), v.len(), slots.len(), k_cache.len(), v_cache.len());
-        let (kp, _gk) = dptr(k, stream);
-        let (vp, _gv) = dptr(v, stream);
-        let (sp, _gs) = dptr(slots, stream);
-        let (kcp, _gkc) = dptr_mut(k_cache, stream);
-        let (vcp, _gvc) = dptr_mut(v_cache, stream);
-        k_layout.check(&c, "k", kl, kp, tokens, dim)?;
-        v_layout.check(&c, "v", vl, vp, tokens, dim)?;
-        c.len("slots", sl, tokens)?;
-        c.len("k_cache", kcl, cache_rows * kv_heads * dim)?;
-        c.len("v_cache", vcl, cache_rows * kv_heads * dim)?;
-        c.aligned("k_cache", kcp, 16)?;
-        c.aligned("v_cache", vcp, 16)?;
-        if tokens == 0 || kv_heads == 0 {
-            return Ok(());
-        }
-        let args = KvWriteArgs {
-            k: kp,
-            v: vp,
-            k_cache: kcp,
-            v_cache: vcp,
-            slot: sp,
-            tokens: c.i32("tokens", tokens)?,
-            kv_heads: c.i32("kv heads", kv_heads)?,
-            dim: dim as i32,
-            k_ld: c.i32("k ld", k_layout.ld)?,
-            k_hs: c.i32("k head stride", k_layout.head_stride)?,
-            v_ld: c.i32("v ld", v_layout.ld)?,
-            v_hs: c.i32("v head stride", v_layout.head_stride)?,
-            pad: 0,
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (tokens as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.launch_struct(stream, c.kernel, cfg, &args)
-    }
-
     /// Causal GQA attention of the batch's query tokens over the paged cache, times
     /// `sigmoid(gate)` when given (gate rows share q's layout), into dense bf16
     /// `out [tokens, q_heads, dim]`. `scale` is the softmax scale (1/sqrt(dim) in the model).

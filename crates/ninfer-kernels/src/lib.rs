@@ -63,7 +63,7 @@ pub use moe::{Routing, ROUTE_MAX_EXPERTS};
 #[cfg(feature = "build-cubins")]
 pub use norm::Rows;
 #[cfg(feature = "build-cubins")]
-pub use rope::{HeadLayout, ROPE_MAX_DIM};
+pub use rope::{HeadLayout, KvCacheOut, ROPE_MAX_DIM};
 #[cfg(feature = "build-cubins")]
 pub use sample::SamplingRow;
 #[cfg(feature = "build-cubins")]

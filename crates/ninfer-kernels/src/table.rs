@@ -85,7 +85,6 @@ kernel_table! {
     GdnConv => "gdn", "ninfer_gdn_conv";
     GdnRecurrent => "gdn", "ninfer_gdn_recurrent";
     GdnChunked => "gdn", "ninfer_gdn_chunked";
-    KvWrite => "attention", "ninfer_kv_write";
     Attention => "attention", "ninfer_attention";
     AttentionCombine => "attention", "ninfer_attention_combine";
     AttentionMma => "attention", "ninfer_attention_mma";

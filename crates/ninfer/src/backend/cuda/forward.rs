@@ -15,7 +15,7 @@ use std::sync::Arc;
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use ninfer_kernels::{
-    AttentionBatch, AttnTiles, ConvTail, DeltaForm, GdnDims, GDN_CHUNK_MIN, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, MatrixView, PagedKv, Routing, Rows, SeqSlots, Weights,
+    AttentionBatch, AttnTiles, ConvTail, DeltaForm, GdnDims, GDN_CHUNK_MIN, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, KvCacheOut, MatrixView, PagedKv, Routing, Rows, SeqSlots, Weights,
     GEMV_MAX_BATCH, GROUPED_MAX_TOKENS,
 };
 
@@ -404,17 +404,16 @@ fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tab
     }
     let ql = HeadLayout { heads: hq, ld, head_stride: 2 * dd };
     let kl = HeadLayout { heads: hkv, ld, head_stride: dd };
-    // Steps 3-4: q/k norms and partial RoPE at each token's position.
+    // Steps 3-4: q/k norms and partial RoPE at each token's position; the same launch writes
+    // the tokens' k and v rows into this layer's cache.
     let (qn, kn) = (cx.arena.bf16(at.q_norm), cx.arena.bf16(at.k_norm));
     let theta = cx.cfg.rope_theta as f32;
+    let (kc, vc) = &mut st.kv[ai];
+    let cache = KvCacheOut { v_at: v0, v_layout: kl, slots: tb.kv_rows.slice(..), k_cache: kc.slice_mut(..), v_cache: vc.slice_mut(..), cache_rows: d.cache_rows() };
     cx.ks
-        .qk_norm_rope(cx.s, &mut ws.proj, ql, k0, kl, t, dd, cx.cfg.rotary_dim, Some(&qn), Some(&kn), &tb.pos, theta, cx.cfg.rms_norm_eps)
+        .qk_norm_rope(cx.s, &mut ws.proj, ql, k0, kl, t, dd, cx.cfg.rotary_dim, Some(&qn), Some(&kn), &tb.pos, theta, cx.cfg.rms_norm_eps, Some(cache))
         .map_err(kern)?;
     cx.mark("qk_norm_rope", 0);
-    let (kc, vc) = &mut st.kv[ai];
-    let (k, v) = (ws.proj.slice(k0..), ws.proj.slice(v0..));
-    cx.ks.kv_write(cx.s, &k, kl, &v, kl, t, dd, &tb.kv_rows, kc, vc, d.cache_rows()).map_err(kern)?;
-    cx.mark("kv_write", 0);
     // Steps 5-6: causal GQA attention over each slot's pages, times sigmoid(gate).
     let kv = PagedKv { k: kc.slice(..), v: vc.slice(..), page_size: PAGE, kv_heads: hkv, dim: dd };
     let batch = AttentionBatch {
