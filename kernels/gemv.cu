@@ -13,7 +13,8 @@
 //   chunks per lane and whole scale groups. Every weight row and x row must start 16-byte
 //   aligned. y must not alias x or W.
 //
-//   bf16 and q8_g32 have only the b1 kernel: their batches of 2-16 rows take the next two.
+//   bf16 and q8_g32 have only the b1 kernel: their batches of 2-16 rows take the next two;
+//   q6_g64's b1 is the next-but-one.
 //
 // ninfer_gemv_<enc>_mma_b<NB>  (enc: bf16, q8_g32; NB: 8, 16)
 //   The contract above for batches of 2-8 (b8) and 9-16 (b16) rows, on the tensor cores:
@@ -24,7 +25,17 @@
 //   32-column groups w, w+8, ... and the warps' partials summed in shared memory in warp
 //   order; grid ceil(N / 16).
 //
-// ninfer_moe_gate_up_<enc>
+// ninfer_gemv_q6_g64_mma_b1  (batch 1, K % 64 == 0, K <= 8192)
+//   The contract above on the tensor cores (mma.m16n8k16, bf16 operands, f32 accumulation).
+//   Each code is exact in bf16 as code - 32 and x is bf16, so every product is exact; a row's
+//   64-column group is summed from zero and scaled by its f16 scale in f32. A warp owns 16-row
+//   tiles (tile w of the grid's warps, then every 8 * gridDim.x-th), walking K in blocks of
+//   256 columns: lane 4g + t holds group t of the block for rows g and g + 8, and column n of
+//   the B operand holds x at group n's columns (zero at the others), so that the accumulator's
+//   column n is group n's sum. The decoding takes about half the instructions per weight of
+//   the SIMT kernels, which bound the head (docs/performance.md). Launch: block 256, grid
+//   ceil(ceil(N / 16) / 8) or fewer blocks.
+//
 //   For slot s < tokens*topk: token t = s / topk, expert e = ids[s]; for the optional shared
 //   slots s = tokens*topk + t the shared matrix is used instead. Bank rows 0..I-1 are the gate,
 //   I..2I-1 the up projection ([E, 2I, H] as stored), so m.rows = 2I.
@@ -238,6 +249,143 @@ __device__ __forceinline__ void gemv_mma_body(const GemvArgs& a) {
     }
 }
 
+#define Q6_BLOCK 256  // columns a warp's lanes take per step of a tile: four groups of 64
+#define Q6_AHEAD 2     // column blocks of loads in flight per lane
+
+__device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
+    const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// Eight q6 codes as bf16x2 pairs of code - 32, exactly: (e0, e2), (e1, e3), (e4, e6), (e5, e7).
+// ql word w holds element 2i at byte i's low nibble and 2i + 1 at its high one; their high bits
+// are the low (UP = 0) or high (UP = 1) 16 bits of qh word hw, element m at bits 2m. 0x43 above
+// a code c < 128 is the bf16 of 128 + c; minus 160 leaves c - 32. About 2.3 instructions a
+// weight, where the SIMT kernels' decoding and products take about 6.
+template <int UP>
+__device__ __forceinline__ void q6_pairs(uint32_t w, uint32_t hw, uint32_t (&p)[4]) {
+    // x: the 8 high-bit pairs as two bytes in the low byte of each 16-bit half: elements 0-3
+    // (bits 0-7), then 4-7 (bits 16-23). Shifted by 4 and 8 (even elements) or 2 and 6 (odd),
+    // each pair lands on bits 4-5 of its element's byte, the other bits of the shifts masked.
+    const uint32_t x = __byte_perm(hw, 0u, UP ? 0x4342 : 0x4140);
+    const uint32_t ce = (w & 0x0f0f0f0fu) | (((x << 4) | (x << 8)) & 0x30303030u);
+    const uint32_t co = ((w >> 4) & 0x0f0f0f0fu) | (((x << 2) | (x << 6)) & 0x30303030u);
+    const uint32_t k = 0x43434343u, bias = 0x43204320u;
+    p[0] = bf16x2_sub(__byte_perm(ce, k, 0x4140), bias);
+    p[1] = bf16x2_sub(__byte_perm(co, k, 0x4140), bias);
+    p[2] = bf16x2_sub(__byte_perm(ce, k, 0x4342), bias);
+    p[3] = bf16x2_sub(__byte_perm(co, k, 0x4342), bias);
+}
+
+// A lane's share of one 256-column block of a tile: group t of the block for rows g and g + 8
+// (codes, high bits, and the scales of groups 2(t % 2), 2(t % 2) + 1, which lanes t < 2 apply).
+struct Q6Part {
+    uint4 ql[2][2];
+    uint4 qh[2];
+    uint16_t s[2][2];
+};
+
+__device__ __forceinline__ Q6Part q6_load(const Mat& m, int tile, int blk, int g, int t) {
+    Q6Part p;
+    const int groups = m.cols / 64, grp = blk * 4 + t;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        // Rows past the matrix read its last row, groups past K its last group (both unused).
+        const size_t row = min(tile * 16 + g + 8 * h, m.rows - 1);
+        const int gl = min(grp, groups - 1), gs = blk * 4 + 2 * (t & 1);
+        const uint8_t* ql = static_cast<const uint8_t*>(m.p0) + row * (m.cols / 2) + gl * 32;
+        p.ql[h][0] = ld_stream16(ql);
+        p.ql[h][1] = ld_stream16(ql + 16);
+        p.qh[h] = ld_stream16(static_cast<const uint8_t*>(m.p1) + row * (m.cols / 4) + gl * 16);
+        const uint16_t* sc = static_cast<const uint16_t*>(m.p2) + row * groups;
+        p.s[h][0] = __ldg(sc + min(gs, groups - 1));
+        p.s[h][1] = __ldg(sc + min(gs + 1, groups - 1));
+    }
+    return p;
+}
+
+__device__ __forceinline__ uint32_t u4_word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+__device__ __forceinline__ void gemv_q6_mma_b1(const GemvArgs& a) {
+    // x in MMA order: unit c (columns 8c .. 8c + 7) as (x0, x2), (x1, x3), (x4, x6), (x5, x7),
+    // zero past K (those columns' codes are a clamped group's: finite, times zero); `zero` is
+    // what the lanes off the B operand's diagonal read instead.
+    __shared__ uint4 xs[8192 / 8];
+    __shared__ uint4 zero[8];
+    grid_release();
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int tiles = (a.m.rows + 15) / 16, blocks_k = (a.m.cols + Q6_BLOCK - 1) / Q6_BLOCK;
+    const int stride = gridDim.x * 8;
+    const int tile0 = blockIdx.x * 8 + (threadIdx.x >> 5);
+    Q6Part buf[Q6_AHEAD];
+    int ltile = tile0, lblk = 0;  // the next load
+    auto issue = [&](int i) {
+        if (ltile < tiles) buf[i] = q6_load(a.m, ltile, lblk, g, t);
+        if (++lblk == blocks_k) {
+            lblk = 0;
+            ltile += stride;
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < Q6_AHEAD; ++i) issue(i);
+    grid_wait();
+    if (threadIdx.x < 8) zero[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+    for (int c = threadIdx.x; c < blocks_k * (Q6_BLOCK / 8); c += blockDim.x) {
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (c < a.m.cols / 8) v = ldg16(a.x + (size_t)c * 8);
+        xs[c] = make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632), __byte_perm(v.z, v.w, 0x5410),
+                           __byte_perm(v.z, v.w, 0x7632));
+    }
+    __syncthreads();
+    float acc[2] = {0.f, 0.f};
+    for (int utile = tile0, ublk = 0; utile < tiles;) {
+#pragma unroll
+        for (int i = 0; i < Q6_AHEAD; ++i) {
+            if (utile >= tiles) break;
+            const Q6Part cur = buf[i];
+            issue(i);
+            // B: x at this lane's group if the lane is on the diagonal (column g = group t).
+            const uint4* xb = g == t ? xs + (ublk * 4 + t) * 8 : zero;
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                uint32_t p0[4], p1[4];
+                if (u % 2) {
+                    q6_pairs<1>(u4_word(cur.ql[0][u / 4], u % 4), u4_word(cur.qh[0], u / 2), p0);
+                    q6_pairs<1>(u4_word(cur.ql[1][u / 4], u % 4), u4_word(cur.qh[1], u / 2), p1);
+                } else {
+                    q6_pairs<0>(u4_word(cur.ql[0][u / 4], u % 4), u4_word(cur.qh[0], u / 2), p0);
+                    q6_pairs<0>(u4_word(cur.ql[1][u / 4], u % 4), u4_word(cur.qh[1], u / 2), p1);
+                }
+                const uint4 xv = xb[u];
+                mma_bf16(d, p0[0], p1[0], p0[1], p1[1], xv.x, xv.y);
+                mma_bf16(d, p0[2], p1[2], p0[3], p1[3], xv.z, xv.w);
+            }
+            // d: rows g (d0, d1) and g + 8 (d2, d3) at groups 2t, 2t + 1 of the block, for t < 2
+            // (a group past K sums to zero, times its neighbour's finite scale).
+            if (t < 2) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    acc[h] = fmaf(d[2 * h], f16_bits_to_f(cur.s[h][0]), acc[h]);
+                    acc[h] = fmaf(d[2 * h + 1], f16_bits_to_f(cur.s[h][1]), acc[h]);
+                }
+            }
+            if (++ublk == blocks_k) {
+                // Lanes t = 0 and 1 hold the row's even and odd groups: their sum goes to lane 0.
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float v = acc[h] + __shfl_xor_sync(0xffffffffu, acc[h], 1);
+                    const int row = utile * 16 + g + 8 * h;
+                    if (t == 0 && row < a.m.rows) store_out(a.y, row, v, a.out_f32, a.accumulate);
+                    acc[h] = 0.f;
+                }
+                ublk = 0;
+                utile += stride;
+            }
+        }
+    }
+}
+
 // Slot j's pick of the one token's routing (BankArgs::logits), routed by warp 0 for the block.
 __device__ __forceinline__ RoutePick block_pick(const BankArgs& a, int j) {
     __shared__ RoutePick pick;
@@ -440,7 +588,11 @@ NINFER_GEMV(bf16, EncBf16, 1)
 NINFER_GEMV_MMA(bf16, MmaBf16)
 NINFER_GEMV_MMA(q8_g32, MmaQ8)
 NINFER_GEMV(q8_g32, EncQ8, 1)
-NINFER_GEMV_ALL(q6_g64, EncQ6)
+NINFER_GEMV(q6_g64, EncQ6, 2)
+NINFER_GEMV(q6_g64, EncQ6, 4)
+NINFER_GEMV(q6_g64, EncQ6, 8)
+NINFER_GEMV(q6_g64, EncQ6, 16)
+extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q6_g64_mma_b1(GemvArgs a) { gemv_q6_mma_b1(a); }
 NINFER_GEMV_ALL(q4_g32, EncQ4)
 NINFER_GEMV_ALL(nvfp4, EncNvfp4)
 NINFER_BANK(bf16, EncBf16)

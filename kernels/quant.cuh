@@ -123,6 +123,12 @@ struct EncQ4 {
     }
 };
 
+// Nibble i of a 16-bit x into the low half of byte i (i < 4).
+__device__ __forceinline__ uint32_t nibbles_to_bytes(uint32_t x) {
+    x = (x | (x << 8)) & 0x00ff00ffu;
+    return (x | (x << 4)) & 0x0f0f0f0fu;
+}
+
 struct EncQ6 {
     static constexpr int CHUNK = 32;
     static constexpr int GROUPS = 1;
@@ -150,12 +156,10 @@ struct EncQ6 {
             const uint32_t h = qh[j / 2] >> (16 * (j % 2));
             const uint32_t lo = ql[j] & 0x0f0f0f0fu;
             const uint32_t hi = (ql[j] >> 4) & 0x0f0f0f0fu;
-            uint32_t he = 0, ho = 0;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                he |= ((h >> (4 * i)) & 3u) << (8 * i + 4);      // element 8j + 2i
-                ho |= ((h >> (4 * i + 2)) & 3u) << (8 * i + 4);  // element 8j + 2i + 1
-            }
+            // Element 8j + 2i's high bits at bits 4i of h, 8j + 2i + 1's at 4i + 2: each to bits
+            // 4-5 of byte i.
+            const uint32_t he = nibbles_to_bytes(h & 0x3333u) << 4;
+            const uint32_t ho = nibbles_to_bytes((h >> 2) & 0x3333u) << 4;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 w[8 * j + 2 * i] = byte_to_f(lo | he, i, MAGIC_2P23 + 32.f);

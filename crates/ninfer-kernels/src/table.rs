@@ -50,7 +50,7 @@ kernel_table! {
         GemvQ8B1 => "gemv", "ninfer_gemv_q8_g32_b1";
     GemvQ8MmaB8 => "gemv", "ninfer_gemv_q8_g32_mma_b8";
     GemvQ8MmaB16 => "gemv", "ninfer_gemv_q8_g32_mma_b16";
-    GemvQ6B1 => "gemv", "ninfer_gemv_q6_g64_b1";
+    GemvQ6MmaB1 => "gemv", "ninfer_gemv_q6_g64_mma_b1";
     GemvQ6B2 => "gemv", "ninfer_gemv_q6_g64_b2";
     GemvQ6B4 => "gemv", "ninfer_gemv_q6_g64_b4";
     GemvQ6B8 => "gemv", "ninfer_gemv_q6_g64_b8";
