@@ -34,23 +34,15 @@
 #define FUSED_THREADS 256
 #define FUSED_PER (FUSED_MAX_K / 8 / FUSED_THREADS)  // 8-element chunks of the row per thread
 
-// Chunk loads in flight per lane: 4, or 8 of bf16's 16-byte chunks, so that a 2048-column bf16
-// row (the router's, one per warp) is in registers before grid_wait() and no weight load is
-// left for after it.
-template <typename Enc>
-__device__ constexpr int fused_ahead() {
-    return Enc::CHUNK == 8 ? 8 : 4;
-}
-
 // The product of the row that `fill` builds in shared memory, each warp taking rows
 // blockIdx.x * 8 + warp + k * gridDim.x * 8 (a grid of fewer blocks than ceil(N / 8) streams
-// several rows per warp), then `epi(row, v)` by every lane of each row's warp after lane 0's
-// store (v: the f32 sum times the row's multiplier, the same bits in every lane). No early
-// return: the block synchronises on the row. Building the
-// row once per block, not per element inside the dot product, keeps the product bound by its
+// several rows per warp, D chunk loads in flight per lane), then `epi(row, v)` by every lane
+// of each row's warp after lane 0's store (v: the f32 sum times the row's multiplier, the same
+// bits in every lane). No early return: the block synchronises on the row. Building the row
+// once per block, not per element inside the dot product, keeps the product bound by its
 // weights: the per-element norm made the GDN input projection 50 % slower (decode profile of
 // commit d85f2b4, H200).
-template <typename Enc, typename Fill, typename Epi>
+template <typename Enc, int D, typename Fill, typename Epi>
 __device__ __forceinline__ void row_product(const GemvArgs& a, Fill fill, Epi epi) {
     constexpr int CH = Enc::CHUNK;
     __shared__ __align__(16) bf16 xs[FUSED_MAX_K];
@@ -58,7 +50,7 @@ __device__ __forceinline__ void row_product(const GemvArgs& a, Fill fill, Epi ep
     const int lane = threadIdx.x & 31;
     const int row0 = blockIdx.x * 8 + (threadIdx.x >> 5);
     // A warp without rows only builds the row and waits like the others.
-    RowStream<Enc, fused_ahead<Enc>()> rs;
+    RowStream<Enc, D> rs;
     rs.start(a.m, row0, gridDim.x * 8, lane);
     grid_wait();
     fill(xs);
@@ -138,7 +130,9 @@ __device__ __forceinline__ void fill_norm(bf16* xs, const GemvNormArgs& na) {
 
 template <typename Enc>
 __device__ __forceinline__ void gemv_norm_body(const GemvNormArgs& na) {
-    row_product<Enc>(na.g, [&](bf16* xs) { fill_norm(xs, na); }, [](int, float) {});
+    // 8 of bf16's 16-byte chunks in flight per lane: a 2048-column row (the router's, one per
+    // warp) is then in registers before grid_wait(), where half of it was loaded after.
+    row_product<Enc, Enc::CHUNK == 8 ? 8 : 4>(na.g, [&](bf16* xs) { fill_norm(xs, na); }, [](int, float) {});
 }
 
 struct NormConvArgs {
@@ -167,7 +161,7 @@ __device__ __forceinline__ void norm_conv_body(const NormConvArgs& a) {
     const bool mine = my_c >= 0 && my_c < a.channels;
     if (mine) taps[me] = __ldg(reinterpret_cast<const uint2*>(a.conv_w + (size_t)my_c * 4));
     int k = 0;
-    row_product<Enc>(
+    row_product<Enc, 4>(
         a.n.g,
         [&](bf16* xs) {
             if (mine) {
@@ -239,7 +233,7 @@ __device__ __forceinline__ void fill_gated(bf16* xs, const GatedArgs& a) {
 
 template <typename Enc>
 __device__ __forceinline__ void gnorm_body(const GatedArgs& a) {
-    row_product<Enc>(a.g, [&](bf16* xs) { fill_gated(xs, a); }, [](int, float) {});
+    row_product<Enc, 4>(a.g, [&](bf16* xs) { fill_gated(xs, a); }, [](int, float) {});
     cooperative_groups::this_cluster().barrier_wait();
 }
 

@@ -386,12 +386,13 @@ __device__ __forceinline__ void gemv_q6_mma_b1(const GemvArgs& a) {
     }
 }
 
-// Slot j's pick of the one token's routing (BankArgs::logits), routed by warp 0 for the block.
-__device__ __forceinline__ RoutePick block_pick(const BankArgs& a, int j) {
-    __shared__ RoutePick pick;
+// Slot j's expert of the one token's routing (BankArgs::logits), routed by warp 0 for the
+// block: j + 1 rounds, no weights (gate_up waits on this; down routes before its wait).
+__device__ __forceinline__ int block_pick(const BankArgs& a, int j) {
+    __shared__ int pick;
     if (threadIdx.x < 32) {
-        const RoutePick p = route_pick(a.logits, a.bank.experts, a.topk, threadIdx.x);
-        if ((int)threadIdx.x == j) pick = p;
+        const RoutePick p = route_pick<false>(a.logits, a.bank.experts, j + 1, threadIdx.x);
+        if ((int)threadIdx.x == j) pick = p.id;
     }
     __syncthreads();
     return pick;
@@ -413,7 +414,7 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
     if (!shared) {
         grid_wait();
         grid_release();  // after the wait: down reads the routing before its own (header)
-        e = a.logits != nullptr ? block_pick(a, s).id : __ldg(a.ids + s);
+        e = a.logits != nullptr ? block_pick(a, s) : __ldg(a.ids + s);
     }
     if (j >= inter) return;
     bf16* out = static_cast<bf16*>(a.y) + (size_t)s * inter + j;
@@ -468,7 +469,7 @@ __device__ __forceinline__ void token_routing(const BankArgs& a, int t, int* id,
     const int j = threadIdx.x;
     if (a.logits != nullptr) {
         if (j < 32) {
-            const RoutePick p = route_pick(a.logits, a.bank.experts, a.topk, j);
+            const RoutePick p = route_pick<true>(a.logits, a.bank.experts, a.topk, j);
             if (j < a.topk) {
                 id[j] = p.id;
                 w[j] = p.w;

@@ -1,5 +1,6 @@
 // Router top-k of one token by one warp (model-spec.md 2.5 steps 1-2), shared by the route
-// kernel (moe.cu) and the fused router product (gemv.cu); the contract is ninfer_moe_route's.
+// kernel (moe.cu) and the expert kernels that route for themselves (gemv.cu); the contract is
+// ninfer_moe_route's.
 #pragma once
 #include "common.cuh"
 
@@ -24,19 +25,21 @@ __device__ __forceinline__ float key_logit(unsigned k) {
 }
 
 // The top-k picks of one token's row of logits by the calling warp (ninfer_moe_route's math):
-// lane j < topk returns pick j, its expert and its renormalised weight. Logits are read
-// through L2 (`__ldcg`), so a kernel may route rows that other blocks of the same launch, or
-// the kernel ahead, wrote. Each of the topk rounds takes the largest remaining key with one
-// warp max reduction.
+// lane j < topk returns pick j, its expert and (with W) its renormalised weight. Logits are
+// read through L2 (`__ldcg`), so a kernel may route rows that the kernel ahead wrote. Each of
+// the topk rounds takes the largest remaining key with one warp max reduction; PER keys a lane
+// (experts <= 32 PER). A kernel that needs only pick j runs j + 1 rounds without W: the same
+// ids, each round's key chain alone on its critical path.
 struct RoutePick {
     int id;
     float w;
 };
 
-__device__ __forceinline__ RoutePick route_pick(const bf16* row, int experts, int topk, int lane) {
-    unsigned key[ROUTE_PER_LANE];
+template <int PER, bool W>
+__device__ __forceinline__ RoutePick route_pick_n(const bf16* row, int experts, int topk, int lane) {
+    unsigned key[PER];
 #pragma unroll
-    for (int i = 0; i < ROUTE_PER_LANE; ++i) {
+    for (int i = 0; i < PER; ++i) {
         const int e = lane + 32 * i;
         key[i] = e < experts ? route_key(__ldcg(row + e), e) : 0u;
     }
@@ -45,21 +48,27 @@ __device__ __forceinline__ RoutePick route_pick(const bf16* row, int experts, in
     for (int j = 0; j < topk; ++j) {
         unsigned best = 0u;
 #pragma unroll
-        for (int i = 0; i < ROUTE_PER_LANE; ++i) best = max(best, key[i]);
+        for (int i = 0; i < PER; ++i) best = max(best, key[i]);
         const unsigned win = __reduce_max_sync(0xffffffffu, best);
 #pragma unroll
-        for (int i = 0; i < ROUTE_PER_LANE; ++i)
+        for (int i = 0; i < PER; ++i)
             if (key[i] == win) key[i] = 0u;
-        const float v = key_logit(win);
-        if (j == 0) top = v;
-        const float p = v == -INFINITY ? 0.f : expf(v - top);
-        sum += p;
-        if (lane == j) {
-            my_p = p;
-            my_id = 511 - (int)(win & 511u);
+        if (lane == j) my_id = 511 - (int)(win & 511u);
+        if (W) {
+            const float v = key_logit(win);
+            if (j == 0) top = v;
+            const float p = v == -INFINITY ? 0.f : expf(v - top);
+            sum += p;
+            if (lane == j) my_p = p;
         }
     }
     return {my_id, sum > 0.f ? round_bf(my_p / sum) : 0.f};
+}
+
+// route_pick_n with the keys a lane needs for `experts` (a warp-uniform choice).
+template <bool W>
+__device__ __forceinline__ RoutePick route_pick(const bf16* row, int experts, int topk, int lane) {
+    return experts <= 256 ? route_pick_n<8, W>(row, experts, topk, lane) : route_pick_n<ROUTE_PER_LANE, W>(row, experts, topk, lane);
 }
 
 // The shared expert's weight: the sigmoid of its gate logit, stored after the E router logits.
@@ -71,7 +80,7 @@ __device__ __forceinline__ float shared_gate(const bf16* row, int experts) {
 // w of token t among `tokens`.
 __device__ __forceinline__ void route_row(const bf16* row, int t, int tokens, int experts, int topk, int has_shared,
                                           int* ids, float* w, int lane) {
-    const RoutePick p = route_pick(row, experts, topk, lane);
+    const RoutePick p = route_pick<true>(row, experts, topk, lane);
     if (lane < topk) {
         ids[(size_t)t * topk + lane] = p.id;
         w[(size_t)t * topk + lane] = p.w;
