@@ -81,7 +81,7 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
 // grids this one depends on have completed and their writes are visible; launched without the
 // attribute it returns at once. `grid_release()` lets the next kernel start its own blocks
 // (which then run up to their `grid_wait()`); every kernel calls it first thing, except the
-// per-slot expert gate_up (gemv.cu), which calls it after its wait so that down may read the
+// per-slot expert gate_up (experts.cu), which calls it after its wait so that down may read the
 // routing before its own: the one kernel that breaks the rule above, on that guarantee.
 __device__ __forceinline__ void grid_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }

@@ -1,5 +1,5 @@
 // Matrix-vector products for decode (small batch), over every weight encoding of
-// docs/format.md section 3, plus the MoE expert-bank variants (model-spec.md 2.5).
+// docs/format.md section 3 (the MoE expert banks' per-slot products are in experts.cu).
 //
 // ninfer_gemv_<enc>_b<NB>  (enc: bf16, q8_g32, q6_g64, q4_g32, nvfp4; NB: 1, 2, 4, 8, 16)
 //   y[b, n] = sum_k x[b, k] * W[n, k]     for b < batch <= NB, n < N = m.rows, k < K = m.cols
@@ -36,44 +36,10 @@
 //   the SIMT kernels, which bound the head (docs/performance.md). Launch: block 256, grid
 //   ceil(ceil(N / 16) / 8) or fewer blocks.
 //
-//   For slot s < tokens*topk: token t = s / topk, expert e = ids[s]; for the optional shared
-//   slots s = tokens*topk + t the shared matrix is used instead. Bank rows 0..I-1 are the gate,
-//   I..2I-1 the up projection ([E, 2I, H] as stored), so m.rows = 2I.
-//   g = bf16(x[t] . W[e][j]), u = bf16(x[t] . W[e][I + j]),
-//   out[s, j] = bf16(bf16(silu(g)) * u)   (transformers' bf16 roundings), out dense [S, I].
-//   An id outside [0, E) gives a zero row. Launch: block 256, grid (S, ceil(I / 8)) (slots on
-//   x: a prompt pass of T tokens has T * (topk + 1) of them, more than grid y's 65,535).
-//
-// ninfer_moe_down_<enc>
-//   r[t, n] = sum_{j<topk} w[t*topk+j] * (in[t*topk+j] . W[ids[t*topk+j]][n])
-//             + (shared ? w[tokens*topk + t] * (in[tokens*topk + t] . S[n]) : 0)
-//   in: bf16 [S, ldx] (the gate_up output), w: f32 routing weights per slot (the shared slot's
-//   weight is its sigmoid gate). y[t, n] = r (accumulate = 0) or y + r (accumulate = 1; for bf16
-//   y = bf16(y + bf16(r)), the residual add in the model dtype). Each output is produced by one
-//   warp (no atomics), so results are deterministic. topk <= 32: a block keeps its token's
-//   routing in shared memory. Launch: block 256, grid (tokens, ceil(H / 8)).
-//
-// Routed from the logits (BankArgs::logits non-null, tokens == 1): both kernels take slot j's
-//   expert and weight from ninfer_moe_route's picks of the one token's logits row [E (+ 1)]
-//   (route.cuh: warp 0 of every block routes, the block reads its picks from shared memory;
-//   the shared slot's weight is the sigmoid of logit E), and read neither ids nor route_w.
-//   Each block routing for itself spares the router the wait for its last block (a fence, a
-//   counter and a second round trip) ahead of every expert kernel of a decode step.
-//
 // Dependent launch (common.cuh): the dense kernels load their first weight chunks and ask L2
 // for the rest of their rows before grid_wait(), so a projection's weights stream in while the
-// kernel ahead of it (a norm, the recurrence) finishes. gate_up's routed slots wait first
-// (their experts are data written by the kernel ahead), its shared slots load first; gate_up
-// lets its dependents start only after its own grid_wait(), so once a down block runs the
-// routing that gate_up waited for is complete, and down reads the routing (ids and weights, or
-// the logits) and loads its first weights before its grid_wait() (the exception to
-// common.cuh's rule: down's routing comes from the kernel two launches back, never from
-// gate_up). Down must therefore follow gate_up, or a
-// launch that is not dependent (ids copied from the host, a timing event in between).
+// kernel ahead of it (a norm, the recurrence) finishes.
 #include "gemv.cuh"
-#include "route.cuh"
-
-
 
 template <typename Enc, int NB>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
@@ -386,177 +352,6 @@ __device__ __forceinline__ void gemv_q6_mma_b1(const GemvArgs& a) {
     }
 }
 
-// Slot j's expert of the one token's routing (BankArgs::logits), routed by warp 0 for the
-// block: j + 1 rounds, no weights (gate_up waits on this; down routes before its wait).
-__device__ __forceinline__ int block_pick(const BankArgs& a, int j) {
-    __shared__ int pick;
-    if (threadIdx.x < 32) {
-        const RoutePick p = route_pick<false>(a.logits, a.bank.experts, j + 1, threadIdx.x);
-        if ((int)threadIdx.x == j) pick = p.id;
-    }
-    __syncthreads();
-    return pick;
-}
-
-template <typename Enc>
-__device__ __forceinline__ void gate_up_body(const BankArgs& a) {
-    constexpr int CH = Enc::CHUNK;
-    const int lane = threadIdx.x & 31;
-    const int s = blockIdx.x;
-    const bool shared = s >= a.tokens * a.topk;
-    const Mat m = shared ? a.shared : a.bank;
-    const int inter = m.rows / 2;
-    const int j = blockIdx.y * 8 + (threadIdx.x >> 5);
-    const int t = shared ? s - a.tokens * a.topk : s / a.topk;
-    // A routed slot's expert comes from the kernel ahead; the shared expert's rows do not, so
-    // its slots load them before waiting.
-    int e = 0;
-    if (!shared) {
-        grid_wait();
-        grid_release();  // after the wait: down reads the routing before its own (header)
-        e = a.logits != nullptr ? block_pick(a, s) : __ldg(a.ids + s);
-    }
-    if (j >= inter) return;
-    bf16* out = static_cast<bf16*>(a.y) + (size_t)s * inter + j;
-    if (e < 0 || e >= m.experts) {
-        if (lane == 0) *out = f2bf(0.f);
-        return;
-    }
-    const bf16* x = a.x + (size_t)t * a.ldx;
-    const int nchunks = m.cols / CH;
-    float acc[2] = {0.f, 0.f};
-    int c = lane;
-    typename Enc::Raw rg, ru;
-    if (c < nchunks) {
-        rg = Enc::load(m, e, j, c);
-        ru = Enc::load(m, e, inter + j, c);
-    }
-    if (shared) {
-        grid_wait();
-        grid_release();
-    }
-    while (c < nchunks) {
-        const int cn = c + 32;
-        typename Enc::Raw ng = rg, nu = ru;
-        if (cn < nchunks) {  // keep the next chunk's loads in flight
-            ng = Enc::load(m, e, j, cn);
-            nu = Enc::load(m, e, inter + j, cn);
-        }
-        float w[CH], sc[Enc::GROUPS];
-        Enc::dequant(rg, w, sc);
-        acc[0] += chunk_dot<Enc>(w, sc, x + (size_t)c * CH);
-        Enc::dequant(ru, w, sc);
-        acc[1] += chunk_dot<Enc>(w, sc, x + (size_t)c * CH);
-        rg = ng;
-        ru = nu;
-        c = cn;
-    }
-    warp_sum(acc);
-    if (lane == 0) {
-        const float g = round_bf(acc[0] * row_multiplier<Enc>(m, e, j));
-        const float u = round_bf(acc[1] * row_multiplier<Enc>(m, e, inter + j));
-        *out = f2bf(round_bf(silu(g)) * u);
-    }
-}
-
-#define DOWN_BATCH 6
-#define DOWN_MAX_SLOTS 33  // top-32 and the shared slot
-
-// Token t's routing into shared memory: slot j < topk's expert id[j] and weight w[j], the
-// shared slot's weight w[topk]; read from ids and route_w, or routed from the logits by warp 0
-// (BankArgs::logits). Through L2 (`__ldcg`): down reads them before grid_wait() (header).
-__device__ __forceinline__ void token_routing(const BankArgs& a, int t, int* id, float* w) {
-    const int j = threadIdx.x;
-    if (a.logits != nullptr) {
-        if (j < 32) {
-            const RoutePick p = route_pick<true>(a.logits, a.bank.experts, a.topk, j);
-            if (j < a.topk) {
-                id[j] = p.id;
-                w[j] = p.w;
-            }
-            if (a.has_shared && j == 0) w[a.topk] = shared_gate(a.logits, a.bank.experts);
-        }
-    } else if (j < a.topk) {
-        id[j] = __ldcg(a.ids + t * a.topk + j);
-        w[j] = __ldcg(a.route_w + t * a.topk + j);
-    } else if (j == a.topk && a.has_shared) {
-        w[j] = __ldcg(a.route_w + a.tokens * a.topk + t);
-    }
-    __syncthreads();
-}
-
-// One batch of a down row's (slot, chunk) pairs, lane `lane`'s pairs base, base + 32, ...:
-// where they live and, loaded, their weights.
-template <typename Enc>
-struct DownBatch {
-    typename Enc::Raw raw[DOWN_BATCH];
-    int pick[DOWN_BATCH], expert[DOWN_BATCH], chunk[DOWN_BATCH];
-    bool use[DOWN_BATCH];
-
-    __device__ __forceinline__ void load(const BankArgs& a, const int* id, int n, int base, int total, int nchunks) {
-#pragma unroll
-        for (int k = 0; k < DOWN_BATCH; ++k) {
-            const int idx = base + 32 * k;
-            use[k] = false;
-            if (idx < total) {
-                pick[k] = idx / nchunks;
-                chunk[k] = idx - pick[k] * nchunks;
-                const bool shared = pick[k] >= a.topk;
-                expert[k] = shared ? 0 : id[pick[k]];
-                const Mat m = shared ? a.shared : a.bank;
-                use[k] = expert[k] >= 0 && expert[k] < m.experts;
-                if (use[k]) raw[k] = Enc::load(m, expert[k], n, chunk[k]);
-            }
-        }
-    }
-
-    // The batch's weighted partial dot products, added to acc in pair order.
-    __device__ __forceinline__ void use_all(const BankArgs& a, const float* w, int t, int n, float& acc) const {
-        constexpr int CH = Enc::CHUNK;
-#pragma unroll
-        for (int k = 0; k < DOWN_BATCH; ++k) {
-            if (!use[k]) continue;
-            const bool shared = pick[k] >= a.topk;
-            const Mat m = shared ? a.shared : a.bank;
-            const int slot = shared ? a.tokens * a.topk + t : t * a.topk + pick[k];
-            float wv[CH], sc[Enc::GROUPS];
-            Enc::dequant(raw[k], wv, sc);
-            const float d = chunk_dot<Enc>(wv, sc, a.x + (size_t)slot * a.ldx + (size_t)chunk[k] * CH);
-            acc += w[pick[k]] * row_multiplier<Enc>(m, expert[k], n) * d;
-        }
-    }
-};
-
-template <typename Enc>
-__device__ __forceinline__ void down_body(const BankArgs& a) {
-    __shared__ int id[DOWN_MAX_SLOTS];
-    __shared__ float w[DOWN_MAX_SLOTS];
-    grid_release();
-    const int lane = threadIdx.x & 31;
-    const int t = blockIdx.x;
-    const int n = blockIdx.y * 8 + (threadIdx.x >> 5);
-    token_routing(a, t, id, w);
-    if (n >= a.bank.rows) return;
-    const int nchunks = a.bank.cols / Enc::CHUNK;
-    const int nslots = a.topk + (a.has_shared ? 1 : 0);
-    // (slot, chunk) pairs are spread over the lanes so that short rows (I = 512) keep every
-    // lane busy; each lane issues the loads of up to DOWN_BATCH pairs before using any of them
-    // and applies each pair's routing weight to its partial dot product. The first batch (a
-    // decode row's every pair at I = 512, top 8 + shared) streams in while gate_up still runs.
-    const int total = nslots * nchunks;
-    float acc = 0.f;
-    DownBatch<Enc> b;
-    b.load(a, id, n, lane, total, nchunks);
-    grid_wait();
-    b.use_all(a, w, t, n, acc);
-    for (int base = lane + 32 * DOWN_BATCH; base < total; base += 32 * DOWN_BATCH) {
-        b.load(a, id, n, base, total, nchunks);
-        b.use_all(a, w, t, n, acc);
-    }
-    acc = warp_sum1(acc);
-    if (lane == 0) store_out(a.y, (size_t)t * a.ldy + n, acc, a.out_f32, a.accumulate);
-}
-
 #define NINFER_GEMV(name, Enc, NB)                                                   \
     extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_b##NB(GemvArgs a) { \
         gemv_body<Enc, NB>(a);                                                       \
@@ -567,17 +362,6 @@ __device__ __forceinline__ void down_body(const BankArgs& a) {
     NINFER_GEMV(name, Enc, 4)      \
     NINFER_GEMV(name, Enc, 8)      \
     NINFER_GEMV(name, Enc, 16)
-// Three blocks per SM for the expert kernels (at most 85 registers, against 91-98 unbounded):
-// a decode step's experts are a few thousand short rows, so the bytes in flight per SM, not
-// the instructions, bound them.
-#define NINFER_BANK(name, Enc)                                                              \
-    extern "C" __global__ void __launch_bounds__(256, 3) ninfer_moe_gate_up_##name(BankArgs a) { \
-        gate_up_body<Enc>(a);                                                               \
-    }                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256, 3) ninfer_moe_down_##name(BankArgs a) {    \
-        down_body<Enc>(a);                                                                  \
-    }
-
 NINFER_GEMV(bf16, EncBf16, 1)
 #define NINFER_GEMV_MMA(name, M)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_mma_b8(GemvArgs a) {  \
@@ -596,8 +380,3 @@ NINFER_GEMV(q6_g64, EncQ6, 16)
 extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q6_g64_mma_b1(GemvArgs a) { gemv_q6_mma_b1(a); }
 NINFER_GEMV_ALL(q4_g32, EncQ4)
 NINFER_GEMV_ALL(nvfp4, EncNvfp4)
-NINFER_BANK(bf16, EncBf16)
-NINFER_BANK(q8_g32, EncQ8)
-NINFER_BANK(q6_g64, EncQ6)
-NINFER_BANK(q4_g32, EncQ4)
-NINFER_BANK(nvfp4, EncNvfp4)

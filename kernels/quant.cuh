@@ -23,7 +23,7 @@ struct Mat {
 };
 static_assert(sizeof(Mat) == 48, "mirrored in crates/ninfer-kernels/src/gemv.rs");
 
-// The arguments of every expert-bank kernel (gemv.cu, experts.cu).
+// The arguments of every expert-bank kernel (experts.cu).
 struct BankArgs {
     Mat bank;
     Mat shared;
@@ -39,9 +39,9 @@ struct BankArgs {
     int out_f32;
     int accumulate;
     int pad;
-    const bf16* logits;  // with one token: the router's logits, routed by the kernels (gemv.cu)
+    const bf16* logits;  // with one token: the router's logits, routed by the kernels (experts.cu)
 };
-static_assert(sizeof(BankArgs) == 168, "mirrored in crates/ninfer-kernels/src/gemv.rs");
+static_assert(sizeof(BankArgs) == 168, "mirrored in crates/ninfer-kernels/src/experts.rs");
 
 // Magic-number conversion of a byte b (0..255) to float: 2^23 + b as f32 bits, minus 2^23.
 // `bias` folds the encoding's zero point in: returns b - bias exactly.

@@ -1,5 +1,5 @@
 // Router top-k of one token by one warp (model-spec.md 2.5 steps 1-2), shared by the route
-// kernel (moe.cu) and the expert kernels that route for themselves (gemv.cu); the contract is
+// kernel (moe.cu) and the expert kernels that route for themselves (experts.cu); the contract is
 // ninfer_moe_route's.
 #pragma once
 #include "common.cuh"

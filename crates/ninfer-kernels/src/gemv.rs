@@ -1,5 +1,5 @@
 //! Launchers of kernels/gemv.cu: small-batch matrix-vector products over every weight encoding
-//! (docs/format.md section 3) and the MoE expert-bank kernels (model-spec.md 2.5).
+//! (docs/format.md section 3), and the matrix views every product launcher takes.
 
 use cudarc::driver::{
     CudaStream, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, SyncOnDrop,
@@ -8,11 +8,7 @@ use half::{bf16, f16};
 
 use crate::launch::{blocks, device_args, dptr, dptr_mut, Check, Result};
 use crate::loader::KernelSet;
-use crate::moe::Routing;
 use crate::table::Kernel;
-
-/// Routing table rows a down block keeps: top-32 and the shared slot (DOWN_MAX_SLOTS in gemv.cu).
-const DOWN_MAX_SLOTS: usize = 33;
 
 /// The device-resident parts of one encoded matrix or expert bank, in format.md's part order.
 pub enum Weights<'a> {
@@ -229,51 +225,6 @@ pub(crate) struct GemvArgs {
 device_args!(GemvArgs, 88);
 
 
-#[repr(C)]
-pub(crate) struct BankArgs {
-    bank: MatArgs,
-    shared: MatArgs,
-    x: u64,
-    ids: u64,
-    route_w: u64,
-    y: u64,
-    tokens: i32,
-    topk: i32,
-    has_shared: i32,
-    ldx: i32,
-    ldy: i32,
-    out_f32: i32,
-    accumulate: i32,
-    pad: i32,
-    logits: u64,
-}
-device_args!(BankArgs, 168);
-
-impl BankArgs {
-    /// The arguments of an expert-bank kernel, storing bf16 (no f32 flag, no accumulate);
-    /// sizes past i32 fail the check `c`.
-    pub(crate) fn new(c: &Check, (bank, shared): (MatArgs, MatArgs), [x, ids, route_w, y]: [u64; 4], (tokens, topk, has_shared): (usize, usize, bool), ldx: usize, ldy: usize) -> Result<Self> {
-        Ok(BankArgs {
-            bank,
-            shared,
-            x,
-            ids,
-            route_w,
-            y,
-            tokens: c.i32("tokens", tokens)?,
-            topk: c.i32("topk", topk)?,
-            has_shared: has_shared as i32,
-            ldx: c.i32("ldx", ldx)?,
-            ldy: c.i32("ldy", ldy)?,
-            out_f32: 0,
-            accumulate: 0,
-            pad: 0,
-            logits: 0,
-        })
-    }
-}
-
-
 /// The most batch rows one gemv launch takes.
 pub const GEMV_MAX_BATCH: usize = 16;
 
@@ -302,33 +253,8 @@ fn gemv_kernel(enc: Encoding, batch: usize) -> Kernel {
     row[bucket]
 }
 
-fn bank_kernels(enc: Encoding) -> (Kernel, Kernel) {
-    use Kernel::*;
-    match enc {
-        Encoding::Bf16 => (MoeGateUpBf16, MoeDownBf16),
-        Encoding::Q8G32 => (MoeGateUpQ8, MoeDownQ8),
-        Encoding::Q6G64 => (MoeGateUpQ6, MoeDownQ6),
-        Encoding::Q4G32 => (MoeGateUpQ4, MoeDownQ4),
-        Encoding::Nvfp4 => (MoeGateUpNvfp4, MoeDownNvfp4),
-    }
-}
-
-/// The kernel views of a bank and its optional shared expert, with their guards.
-pub(crate) fn bank_mats<'s>(c: &Check, stream: &'s CudaStream, bank: &'s MatrixView, shared: Option<&'s MatrixView>) -> Result<(MatArgs, MatArgs, Vec<SyncOnDrop<'s>>)> {
-    let (bm, mut guards) = bank.mat_args(c, stream)?;
-    let sm = match shared {
-        Some(s) => {
-            let (sm, g) = s.mat_args(c, stream)?;
-            guards.extend(g);
-            sm
-        }
-        None => MatArgs::default(),
-    };
-    Ok((bm, sm, guards))
-}
-
 /// Elements spanned by `rows` rows of `dim` with row stride `ld`.
-fn span(rows: usize, dim: usize, ld: usize) -> usize {
+pub(crate) fn span(rows: usize, dim: usize, ld: usize) -> usize {
     if rows == 0 {
         0
     } else {
@@ -424,150 +350,5 @@ impl KernelSet {
             shared_mem_bytes: 0,
         };
         self.launch_struct(stream, c.kernel, cfg, &args)
-    }
-
-    /// MoE gate/up for the selected experts: slot `s = t*topk + j` uses the expert `routing`
-    /// gives it on token `t`; with `shared`, slots `tokens*topk + t` use the shared expert. The
-    /// bank is `[E, 2I, H]` (gate rows then up rows); `out` is dense bf16 `[slots, I]` holding
-    /// `silu(gate) * up`. `shared` must have the bank's encoding and `[2I, H]` shape.
-    pub fn moe_gate_up(
-        &self,
-        stream: &CudaStream,
-        bank: &MatrixView,
-        shared: Option<&MatrixView>,
-        x: &impl DevicePtr<bf16>,
-        ldx: usize,
-        (tokens, topk): (usize, usize),
-        routing: &Routing,
-        out: &mut impl DevicePtrMut<bf16>,
-    ) -> Result<()> {
-        let c = Check::new(bank_kernels(bank.encoding()).0);
-        let (route, _gr) = routing.pointers(&c, stream, (tokens, topk, bank.experts, shared.is_some()))?;
-        // Slots on x: a prompt pass has tokens × (topk + 1) of them, past y's 65,535.
-        let grid = |slots, inter| Ok((c.i32("slots", slots)? as u32, blocks(inter, ROWS_PER_BLOCK)));
-        self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, route), out, grid)
-    }
-
-    /// The checks and launch of a gate_up kernel (this one or the grouped one of experts.rs),
-    /// whose grid `grid(slots, I)` gives; `route` the routing's addresses (checked).
-    pub(crate) fn gate_up_with(
-        &self,
-        c: &Check,
-        stream: &CudaStream,
-        bank: &MatrixView,
-        shared: Option<&MatrixView>,
-        (x, ldx): (&impl DevicePtr<bf16>, usize),
-        (tokens, topk, route): (usize, usize, [u64; 3]),
-        out: &mut impl DevicePtrMut<bf16>,
-        grid: impl FnOnce(usize, usize) -> Result<(u32, u32)>,
-    ) -> Result<()> {
-        c.ensure(bank.rows.is_multiple_of(2), || {
-            format!("gate_up rows {} are not even", bank.rows)
-        })?;
-        let inter = bank.rows / 2;
-        let slots = self.check_shared(c, bank, shared, tokens, topk)?;
-        c.ensure(ldx >= bank.cols && ldx.is_multiple_of(8), || {
-            format!("ldx {ldx} (cols {})", bank.cols)
-        })?;
-        let (xl, ol) = (x.len(), out.len());
-        let (bm, sm, _gw) = bank_mats(c, stream, bank, shared)?;
-        let (xp, _gx) = dptr(x, stream);
-        let (op, _go) = dptr_mut(out, stream);
-        c.len("x", xl, span(tokens, bank.cols, ldx))?;
-        c.len("out", ol, slots * inter)?;
-        c.aligned("x", xp, 16)?;
-        if slots == 0 {
-            return Ok(());
-        }
-        let args = BankArgs { logits: route[2], ..BankArgs::new(c, (bm, sm), [xp, route[0], 0, op], (tokens, topk, shared.is_some()), ldx, inter)? };
-        let (gx, gy) = grid(slots, inter)?;
-        let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        self.launch_struct(stream, c.kernel, cfg, &args)
-    }
-
-    /// MoE down projection with the routing weights applied and the slots of each token summed:
-    /// `y[t] (+)= sum_j w[t*topk+j] * down[e_j] . inp[t*topk+j]` over the experts `e_j` and
-    /// weights `w` that `routing` gives, plus the shared slot `tokens*topk + t` when `shared` is
-    /// given. `inp` is the dense `[slots, I]` output of [`KernelSet::moe_gate_up`], the bank
-    /// `[E, H, I]`, y `[tokens, ldy]`.
-    pub fn moe_down<O: GemvOut>(
-        &self,
-        stream: &CudaStream,
-        bank: &MatrixView,
-        shared: Option<&MatrixView>,
-        inp: &impl DevicePtr<bf16>,
-        (tokens, topk): (usize, usize),
-        routing: &Routing,
-        y: &mut impl DevicePtrMut<O>,
-        ldy: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        let c = Check::new(bank_kernels(bank.encoding()).1);
-        let slots = self.check_shared(&c, bank, shared, tokens, topk)?;
-        c.ensure(topk < DOWN_MAX_SLOTS, || format!("top-{topk}: down keeps at most {} slots a token", DOWN_MAX_SLOTS - 1))?;
-        c.ensure(bank.cols.is_multiple_of(8), || {
-            format!("cols {} not a multiple of 8", bank.cols)
-        })?;
-        c.ensure(ldy >= bank.rows, || {
-            format!("ldy {ldy} < rows {}", bank.rows)
-        })?;
-        let (route, _gr) = routing.pointers(&c, stream, (tokens, topk, bank.experts, shared.is_some()))?;
-        let (xl, yl) = (inp.len(), y.len());
-        let (bm, sm, _gw) = bank_mats(&c, stream, bank, shared)?;
-        let (xp, _gx) = dptr(inp, stream);
-        let (yp, _gy) = dptr_mut(y, stream);
-        c.len("inp", xl, slots * bank.cols)?;
-        c.len("y", yl, span(tokens, bank.rows, ldy))?;
-        c.aligned("inp", xp, 16)?;
-        if tokens == 0 {
-            return Ok(());
-        }
-        let args = BankArgs {
-            out_f32: O::IS_F32 as i32,
-            accumulate: accumulate as i32,
-            logits: route[2],
-            ..BankArgs::new(&c, (bm, sm), [xp, route[0], route[1], yp], (tokens, topk, shared.is_some()), bank.cols, ldy)?
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (
-                c.i32("tokens", tokens)? as u32,
-                blocks(bank.rows, ROWS_PER_BLOCK),
-                1,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.launch_struct(stream, c.kernel, cfg, &args)
-    }
-
-    /// Checks the shared expert against the bank; returns the number of slots.
-    pub(crate) fn check_shared(
-        &self,
-        c: &Check,
-        bank: &MatrixView,
-        shared: Option<&MatrixView>,
-        tokens: usize,
-        topk: usize,
-    ) -> Result<usize> {
-        c.ensure(topk > 0, || "topk is 0".to_string())?;
-        if let Some(s) = shared {
-            c.ensure(s.encoding() == bank.encoding(), || {
-                format!(
-                    "shared expert is {:?}, bank is {:?}",
-                    s.encoding(),
-                    bank.encoding()
-                )
-            })?;
-            c.ensure(
-                s.experts == 1 && s.rows == bank.rows && s.cols == bank.cols,
-                || {
-                    format!(
-                        "shared expert is {}x{}x{}, bank rows/cols are {}x{}",
-                        s.experts, s.rows, s.cols, bank.rows, bank.cols
-                    )
-                },
-            )?;
-        }
-        Ok(tokens * topk + if shared.is_some() { tokens } else { 0 })
     }
 }

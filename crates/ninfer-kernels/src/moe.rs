@@ -1,5 +1,5 @@
 //! Launcher of kernels/moe.cu: router softmax, top-k and renormalisation (model-spec.md 2.5),
-//! and [`Routing`], where the expert-bank products (gemv.rs) find each slot's expert.
+//! and [`Routing`], where the per-slot expert kernels (experts.rs) find each slot's expert.
 
 use cudarc::driver::{CudaStream, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDrop};
 use half::bf16;

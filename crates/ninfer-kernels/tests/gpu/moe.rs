@@ -1,4 +1,4 @@
-//! moe.cu (router), the expert-bank kernels of gemv.cu and the grouped ones of experts.cu.
+//! moe.cu (router) and experts.cu: the per-slot expert-bank kernels and the grouped ones.
 
 use ninfer_kernels::{bf16, Routing, GROUPED_MAX_TOKENS};
 
