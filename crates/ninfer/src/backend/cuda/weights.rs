@@ -8,7 +8,7 @@
 //! kernels take). Every shape is checked against the config first, so a mismatch names the
 //! tensor at open, never a wrong answer later.
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView};
@@ -462,10 +462,12 @@ impl Arena {
     pub fn upload(stream: &std::sync::Arc<CudaStream>, plan: &WeightPlan<'_>, label: &str) -> Result<Arena, BackendError> {
         let mut buf = stream.alloc_zeros::<u8>(plan.total.max(1)).map_err(drv("allocating the weights"))?;
         let loud = plan.total >= PROGRESS_MIN;
+        // The running count rewrites its line on a terminal; a log gets only the last line.
+        let live = loud && std::io::stderr().is_terminal();
         let mut done = 0usize;
         let mut next_report = 0usize;
         let mut report = |done: usize| {
-            if loud && done >= next_report {
+            if live && done >= next_report {
                 eprint!("\rninfer: uploading weights to {label}: {:.1} / {:.1} GB", done as f64 / 1e9, plan.total as f64 / 1e9);
                 let _ = std::io::stderr().flush();
                 next_report = done + (1 << 30);
@@ -502,7 +504,8 @@ impl Arena {
         }
         stream.synchronize().map_err(drv("uploading the weights"))?;
         if loud {
-            eprintln!("\rninfer: uploaded {:.2} GB of weights to {label}          ", plan.total as f64 / 1e9);
+            let back = if live { "\r" } else { "" };
+            eprintln!("{back}ninfer: uploaded {:.2} GB of weights to {label}          ", plan.total as f64 / 1e9);
         }
         Ok(Arena { buf })
     }
