@@ -93,23 +93,22 @@ __device__ __forceinline__ void load_q_tile(const AttnArgs& a, bf16* Qs, int row
 }
 
 // Cache positions p0 .. p0 + 31 of sequence s, kv head kvh, into the K and V tiles (32 rows
-// of dim + 8 elements each) by loads and stores; positions from kv_end on are zero. A block of
-// THREADS threads: a thread's items are unrolled, so its block-table reads are issued together
-// instead of one round trip each before its copies.
-template <int THREADS>
+// of dim + 8 elements each) by loads and stores; positions from kv_end on are zero. A thread's
+// items are unrolled, so its block-table reads are issued together instead of one round trip
+// each before its copies.
 __device__ __forceinline__ void load_kv_tile(const AttnArgs& a, int s, int kvh, int p0, int kv_end, bf16* Ks, bf16* Vs) {
-    constexpr int ITEMS = ATT_TILE * (ATT_MAX_DIM / 8) / THREADS;
+    constexpr int ITEMS = ATT_TILE * (ATT_MAX_DIM / 8) / ATT_THREADS;
     const int D = a.dim, chunks = D / 8, DP = D + 8;
     int page[ITEMS];
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-        const int i = threadIdx.x + k * THREADS;
+        const int i = threadIdx.x + k * ATT_THREADS;
         const int pos = p0 + i / chunks;
         page[k] = i < ATT_TILE * chunks && pos < kv_end ? a.block_table[(size_t)s * a.bt_stride + pos / a.page_size] : -1;
     }
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-        const int i = threadIdx.x + k * THREADS;
+        const int i = threadIdx.x + k * ATT_THREADS;
         if (i >= ATT_TILE * chunks) break;
         const int p = i / chunks, c = i - p * chunks;
         const int pos = p0 + p;
@@ -169,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) ninfer_attention(AttnA
 
     for (int p0 = kv_begin; p0 < kv_end; p0 += ATT_TILE) {
         __syncthreads();  // previous tile fully consumed (and Q/M/L initialised)
-        load_kv_tile<ATT_THREADS>(a, s, kvh, p0, kv_end, Ks, Vs);
+        load_kv_tile(a, s, kvh, p0, kv_end, Ks, Vs);
         __syncthreads();
         // Scores: lane = cache position within the tile, warp w takes rows w, w+8, w+16, w+24.
         {
@@ -366,7 +365,7 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(Combi
 //   shared memory). Each output element's arithmetic is the 64-row kernel's. Launch: as
 //   ninfer_attention_mma with (16 + 4 * 32) * (dim + 8) * 2 bytes of shared memory.
 #define MMA_ROWS 64
-#define MMA_TILE ATT_TILE  // load_kv_tile's tile
+#define MMA_TILE ATT_TILE  // the SIMT kernel's tile of cache positions
 #define MMA_THREADS 128
 #define MMA_MAX_NT (ATT_MAX_DIM / 8)
 

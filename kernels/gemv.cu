@@ -223,19 +223,13 @@ __device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
     return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// Eight q6 codes as bf16x2 pairs of code - 32, exactly: (e0, e2), (e1, e3), (e4, e6), (e5, e7).
-// ql word w holds element 2i at byte i's low nibble and 2i + 1 at its high one; their high bits
-// are the low (UP = 0) or high (UP = 1) 16 bits of qh word hw, element m at bits 2m. 0x43 above
-// a code c < 128 is the bf16 of 128 + c; minus 160 leaves c - 32. About 2.3 instructions a
-// weight, where the SIMT kernels' decoding and products take about 6.
-template <int UP>
-__device__ __forceinline__ void q6_pairs(uint32_t w, uint32_t hw, uint32_t (&p)[4]) {
-    // x: the 8 high-bit pairs as two bytes in the low byte of each 16-bit half: elements 0-3
-    // (bits 0-7), then 4-7 (bits 16-23). Shifted by 4 and 8 (even elements) or 2 and 6 (odd),
-    // each pair lands on bits 4-5 of its element's byte, the other bits of the shifts masked.
-    const uint32_t x = __byte_perm(hw, 0u, UP ? 0x4342 : 0x4140);
-    const uint32_t ce = (w & 0x0f0f0f0fu) | (((x << 4) | (x << 8)) & 0x30303030u);
-    const uint32_t co = ((w >> 4) & 0x0f0f0f0fu) | (((x << 2) | (x << 6)) & 0x30303030u);
+// Eight q6 codes (q6_code_bytes' arguments) as bf16x2 pairs of code - 32, exactly: (e0, e2),
+// (e1, e3), (e4, e6), (e5, e7). 0x43 above a code c < 128 is the bf16 of 128 + c; minus 160
+// leaves c - 32. About 2.3 instructions a weight (SASS), where the SIMT kernels' decoding and
+// products take about 6 (our estimate).
+__device__ __forceinline__ void q6_pairs(uint32_t w, uint32_t hw, bool up, uint32_t (&p)[4]) {
+    uint32_t ce, co;
+    q6_code_bytes(w, hw, up, ce, co);
     const uint32_t k = 0x43434343u, bias = 0x43204320u;
     p[0] = bf16x2_sub(__byte_perm(ce, k, 0x4140), bias);
     p[1] = bf16x2_sub(__byte_perm(co, k, 0x4140), bias);
@@ -316,13 +310,8 @@ __device__ __forceinline__ void gemv_q6_mma_b1(const GemvArgs& a) {
 #pragma unroll
             for (int u = 0; u < 8; ++u) {
                 uint32_t p0[4], p1[4];
-                if (u % 2) {
-                    q6_pairs<1>(u4_word(cur.ql[0][u / 4], u % 4), u4_word(cur.qh[0], u / 2), p0);
-                    q6_pairs<1>(u4_word(cur.ql[1][u / 4], u % 4), u4_word(cur.qh[1], u / 2), p1);
-                } else {
-                    q6_pairs<0>(u4_word(cur.ql[0][u / 4], u % 4), u4_word(cur.qh[0], u / 2), p0);
-                    q6_pairs<0>(u4_word(cur.ql[1][u / 4], u % 4), u4_word(cur.qh[1], u / 2), p1);
-                }
+                q6_pairs(u4_word(cur.ql[0][u / 4], u % 4), u4_word(cur.qh[0], u / 2), u % 2, p0);
+                q6_pairs(u4_word(cur.ql[1][u / 4], u % 4), u4_word(cur.qh[1], u / 2), u % 2, p1);
                 const uint4 xv = xb[u];
                 mma_bf16(d, p0[0], p1[0], p0[1], p1[1], xv.x, xv.y);
                 mma_bf16(d, p0[2], p1[2], p0[3], p1[3], xv.z, xv.w);

@@ -123,10 +123,16 @@ struct EncQ4 {
     }
 };
 
-// Nibble i of a 16-bit x into the low half of byte i (i < 4).
-__device__ __forceinline__ uint32_t nibbles_to_bytes(uint32_t x) {
-    x = (x | (x << 8)) & 0x00ff00ffu;
-    return (x | (x << 4)) & 0x0f0f0f0fu;
+// The eight q6_g64 codes of ql word w as bytes, element 2i's at byte i of `even` and 2i + 1's
+// at byte i of `odd` (ql holds element 2i at byte i's low nibble, 2i + 1 at its high one);
+// their high bits are the low (`up` false) or high 16 bits of qh word hw, element m at bits
+// 2m. x holds those bits as two bytes, in the low byte of each 16-bit half; shifted by 4 and 8
+// (even elements) or 2 and 6 (odd), each pair lands on bits 4-5 of its element's byte, the
+// other bits of the shifts masked.
+__device__ __forceinline__ void q6_code_bytes(uint32_t w, uint32_t hw, bool up, uint32_t& even, uint32_t& odd) {
+    const uint32_t x = __byte_perm(hw, 0u, up ? 0x4342 : 0x4140);
+    even = (w & 0x0f0f0f0fu) | (((x << 4) | (x << 8)) & 0x30303030u);
+    odd = ((w >> 4) & 0x0f0f0f0fu) | (((x << 2) | (x << 6)) & 0x30303030u);
 }
 
 struct EncQ6 {
@@ -152,18 +158,13 @@ struct EncQ6 {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             // ql word j holds elements 8j..8j+7; their high bits are the 16 bits of qh starting
-            // at bit 16*(j%2) of qh word j/2, element 8j+m at bits 2m..2m+1.
-            const uint32_t h = qh[j / 2] >> (16 * (j % 2));
-            const uint32_t lo = ql[j] & 0x0f0f0f0fu;
-            const uint32_t hi = (ql[j] >> 4) & 0x0f0f0f0fu;
-            // Element 8j + 2i's high bits at bits 4i of h, 8j + 2i + 1's at 4i + 2: each to bits
-            // 4-5 of byte i.
-            const uint32_t he = nibbles_to_bytes(h & 0x3333u) << 4;
-            const uint32_t ho = nibbles_to_bytes((h >> 2) & 0x3333u) << 4;
+            // at bit 16*(j%2) of qh word j/2.
+            uint32_t even, odd;
+            q6_code_bytes(ql[j], qh[j / 2], j % 2, even, odd);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                w[8 * j + 2 * i] = byte_to_f(lo | he, i, MAGIC_2P23 + 32.f);
-                w[8 * j + 2 * i + 1] = byte_to_f(hi | ho, i, MAGIC_2P23 + 32.f);
+                w[8 * j + 2 * i] = byte_to_f(even, i, MAGIC_2P23 + 32.f);
+                w[8 * j + 2 * i + 1] = byte_to_f(odd, i, MAGIC_2P23 + 32.f);
             }
         }
     }

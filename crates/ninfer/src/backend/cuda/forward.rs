@@ -449,7 +449,7 @@ fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, norm: Opt
     // launch of the stacked matrix, or two (with `norm`, a single-token pass, the first norms
     // h and stores a). Then the routing: a single token whose shared expert rides in the
     // experts' launches (or that has none) is routed by the expert kernels themselves
-    // (gemv.cu), every other pass by its own launch.
+    // (experts.cu), every other pass by its own launch.
     if let Some(m) = &mw.router_gate {
         first_linear(cx, "moe.router_gate", m, (&ws.h, &mut ws.a), norm, t, ws.router.as_view_mut(), e + 1)?;
     } else {

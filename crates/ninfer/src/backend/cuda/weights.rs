@@ -504,8 +504,9 @@ impl Arena {
         }
         stream.synchronize().map_err(drv("uploading the weights"))?;
         if loud {
-            let back = if live { "\r" } else { "" };
-            eprintln!("{back}ninfer: uploaded {:.2} GB of weights to {label}          ", plan.total as f64 / 1e9);
+            // On a terminal the line overwrites the longer running count, so it is padded.
+            let (back, pad) = if live { ("\r", "          ") } else { ("", "") };
+            eprintln!("{back}ninfer: uploaded {:.2} GB of weights to {label}{pad}", plan.total as f64 / 1e9);
         }
         Ok(Arena { buf })
     }
