@@ -57,7 +57,6 @@ static_assert(sizeof(RopeArgs) == 128, "mirrored in crates/ninfer-kernels/src/ro
 
 extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a) {
     grid_release();
-    grid_wait();
     __shared__ float buf[4][ROPE_MAX_DIM];
     __shared__ float cos_s[4][ROPE_MAX_DIM / 2], sin_s[4][ROPE_MAX_DIM / 2];
     const int warp = threadIdx.x >> 5;
@@ -65,12 +64,27 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a
     const bool to_cache = a.k_cache != nullptr;
     const int heads = a.q_heads + a.k_heads * (to_cache ? 2 : 1);
     const int item = blockIdx.x * 4 + warp;
-    if (item >= a.tokens * heads) return;
+    if (item >= a.tokens * heads) {
+        grid_wait();
+        return;
+    }
     const int t = item / heads;
     const int h = item - t * heads;
     const bool is_q = h < a.q_heads;
-    const int slot = to_cache && !is_q ? a.slot[t] : -1;
     const int chunks = a.dim / 8;
+    const int half = a.rot / 2;
+    // Before the wait, what needs no activation: the rotary frequencies (a powf each, kept in
+    // cos_s until the position is known) and the norm weights of this lane's chunks.
+    const bf16* w = is_q ? a.q_norm : a.k_norm;
+    uint4 wv8[ROPE_MAX_DIM / 8 / 32];
+#pragma unroll
+    for (int i = 0; i < ROPE_MAX_DIM / 8 / 32; ++i) {
+        const int c = lane + 32 * i;
+        if (w != nullptr && c < chunks) wv8[i] = ldg16(w + c * 8);
+    }
+    for (int j = lane; j < half; j += 32) cos_s[warp][j] = 1.0f / powf(a.theta, (float)(2 * j) / (float)a.rot);
+    grid_wait();
+    const int slot = to_cache && !is_q ? a.slot[t] : -1;
     if (h >= a.q_heads + a.k_heads) {
         // A v head: nothing to compute, only its cache row.
         if (slot < 0) return;
@@ -83,7 +97,6 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a
     }
     bf16* x = is_q ? a.q + (size_t)t * a.q_ld + (size_t)h * a.q_hs
                    : a.k + (size_t)t * a.k_ld + (size_t)(h - a.q_heads) * a.k_hs;
-    const bf16* w = is_q ? a.q_norm : a.k_norm;
     float* row = buf[warp];
     float ss = 0.f;
     for (int c = lane; c < chunks; c += 32) {
@@ -97,22 +110,24 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a
     }
     // cos and sin of each rotary frequency, one frequency per lane (each serves two dims): in
     // the element loop below they cost 8 serial powf/cosf/sinf per lane, most of the kernel.
-    const int half = a.rot / 2;
     const float p = (float)a.pos[t];
     for (int j = lane; j < half; j += 32) {
-        const float inv_freq = 1.0f / powf(a.theta, (float)(2 * j) / (float)a.rot);
-        const float ang = p * inv_freq;
+        const float ang = p * cos_s[warp][j];
         cos_s[warp][j] = round_bf(cosf(ang));
         sin_s[warp][j] = round_bf(sinf(ang));
     }
     ss = warp_sum1(ss);
     if (w != nullptr) {
         const float inv = rsqrtf(ss / (float)a.dim + a.eps);
-        for (int c = lane; c < chunks; c += 32) {
-            float wv[8];
-            unpack_bf8(ldg16(w + c * 8), wv);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) row[c * 8 + i] = round_bf(row[c * 8 + i] * inv * (1.f + wv[i]));
+        for (int k = 0; k < ROPE_MAX_DIM / 8 / 32; ++k) {
+            const int c = lane + 32 * k;
+            if (c < chunks) {
+                float wv[8];
+                unpack_bf8(wv8[k], wv);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) row[c * 8 + i] = round_bf(row[c * 8 + i] * inv * (1.f + wv[i]));
+            }
         }
     }
     __syncwarp();
