@@ -10,8 +10,9 @@
 //   I..2I-1 the up projection ([E, 2I, H] as stored), so m.rows = 2I.
 //   g = bf16(x[t] . W[e][j]), u = bf16(x[t] . W[e][I + j]),
 //   out[s, j] = bf16(bf16(silu(g)) * u)   (transformers' bf16 roundings), out dense [S, I].
-//   An id outside [0, E) gives a zero row. Launch: block 256, grid (S, ceil(I / 8)) (slots on
-//   x: a prompt pass of T tokens has T * (topk + 1) of them, more than grid y's 65,535).
+//   An id outside [0, E) gives a zero row. Launch: block 128 (GATE_UP_WARPS warps, a row j
+//   each), grid (S, ceil(I / 4)) (slots on x: a prompt pass of T tokens has T * (topk + 1) of
+//   them, more than grid y's 65,535).
 //
 // ninfer_moe_down_<enc>
 //   r[t, n] = sum_{j<topk} w[t*topk+j] * (in[t*topk+j] . W[ids[t*topk+j]][n])
@@ -304,6 +305,12 @@ __device__ __forceinline__ int block_pick(const BankArgs& a, int j) {
     return pick;
 }
 
+// Four warps a gate_up block, nine blocks per SM (at most 56 registers): a decode token's nine
+// slots of 512 rows are then 1,152 blocks, all resident at once on 132 SMs. With eight warps
+// a block, three per SM, its 576 blocks ran in two waves, the second routing and waiting on
+// its weights again.
+#define GATE_UP_WARPS 4
+
 template <typename Enc>
 __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
     constexpr int CH = Enc::CHUNK;
@@ -312,7 +319,7 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
     const bool shared = s >= a.tokens * a.topk;
     const Mat m = shared ? a.shared : a.bank;
     const int inter = m.rows / 2;
-    const int j = blockIdx.y * 8 + (threadIdx.x >> 5);
+    const int j = blockIdx.y * GATE_UP_WARPS + (threadIdx.x >> 5);
     const int t = shared ? s - a.tokens * a.topk : s / a.topk;
     // A routed slot's expert comes from the kernel ahead; the shared expert's rows do not, so
     // its slots load them before waiting.
@@ -348,11 +355,7 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
             ng = Enc::load(m, e, j, cn);
             nu = Enc::load(m, e, inter + j, cn);
         }
-        float w[CH], sc[Enc::GROUPS];
-        Enc::dequant(rg, w, sc);
-        acc[0] += chunk_dot<Enc>(w, sc, x + (size_t)c * CH);
-        Enc::dequant(ru, w, sc);
-        acc[1] += chunk_dot<Enc>(w, sc, x + (size_t)c * CH);
+        pair_dot<Enc>(rg, ru, x + (size_t)c * CH, acc);
         rg = ng;
         ru = nu;
         c = cn;
@@ -463,18 +466,20 @@ __device__ __forceinline__ void down_body(const BankArgs& a) {
     if (lane == 0) store_out(a.y, (size_t)t * a.ldy + n, acc, a.out_f32, a.accumulate);
 }
 
-// Three blocks per SM for the expert kernels (at most 85 registers, against 91-98 unbounded):
-// a decode step's experts are a few thousand short rows, so the bytes in flight per SM, not
-// the instructions, bound them.
-#define NINFER_BANK(name, Enc)                                                              \
-    extern "C" __global__ void __launch_bounds__(256, 3) ninfer_moe_gate_up_##name(BankArgs a) { \
+// Three blocks per SM for down (at most 85 registers, against 91-98 unbounded) and nine of
+// four warps for gate_up (GATE_UP_WARPS; eight for q4_g32 and five for q6_g64, which spill at more): a decode
+// step's experts are a few thousand short rows, so the bytes in flight per SM, not the
+// instructions, bound them.
+#define NINFER_BANK(name, Enc, gate_up_blocks)                                              \
+    extern "C" __global__ void __launch_bounds__(GATE_UP_WARPS * 32, gate_up_blocks)        \
+        ninfer_moe_gate_up_##name(BankArgs a) {                                             \
         gate_up_body<Enc>(a);                                                               \
     }                                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 3) ninfer_moe_down_##name(BankArgs a) {    \
         down_body<Enc>(a);                                                                  \
     }
-NINFER_BANK(bf16, EncBf16)
-NINFER_BANK(q8_g32, EncQ8)
-NINFER_BANK(q6_g64, EncQ6)
-NINFER_BANK(q4_g32, EncQ4)
-NINFER_BANK(nvfp4, EncNvfp4)
+NINFER_BANK(bf16, EncBf16, 9)
+NINFER_BANK(q8_g32, EncQ8, 9)
+NINFER_BANK(q6_g64, EncQ6, 5)
+NINFER_BANK(q4_g32, EncQ4, 8)
+NINFER_BANK(nvfp4, EncNvfp4, 9)

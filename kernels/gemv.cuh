@@ -50,6 +50,47 @@ __device__ __forceinline__ float chunk_dot(const float (&w)[Enc::CHUNK], const f
     return acc;
 }
 
+// acc[0] += (row chunk r0) . x and acc[1] += (row chunk r1) . x over the same 32 columns of x
+// (global memory): two chunk_dot calls, the same products in the same order.
+template <typename Enc>
+__device__ __forceinline__ void pair_dot(const typename Enc::Raw& r0, const typename Enc::Raw& r1, const bf16* x,
+                                         float (&acc)[2]) {
+    float w[Enc::CHUNK], sc[Enc::GROUPS];
+    Enc::dequant(r0, w, sc);
+    acc[0] += chunk_dot<Enc>(w, sc, x);
+    Enc::dequant(r1, w, sc);
+    acc[1] += chunk_dot<Enc>(w, sc, x);
+}
+
+// NVFP4: both rows decoded a word (8 weights) at a time against each 8 of x, read once: 16
+// weights live instead of a chunk's 32 (and x's 32) per row, which keeps the per-slot gate_up
+// within the 56 registers of nine blocks per SM (experts.cu) without spilling.
+template <>
+__device__ __forceinline__ void pair_dot<EncNvfp4>(const EncNvfp4::Raw& r0, const EncNvfp4::Raw& r1, const bf16* x,
+                                                   float (&acc)[2]) {
+    const uint32_t q0[4] = {r0.q.x, r0.q.y, r0.q.z, r0.q.w}, q1[4] = {r1.q.x, r1.q.y, r1.q.z, r1.q.w};
+    float d0 = 0.f, d1 = 0.f;
+#pragma unroll
+    for (int g = 0; g < EncNvfp4::GROUPS; ++g) {
+        float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+            float xf[8], w[8];
+            unpack_bf8(ldg16(x + 8 * (2 * g + v)), xf);
+            EncNvfp4::dequant_word(q0[2 * g + v], w);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) p0 = fmaf(w[i], xf[i], p0);
+            EncNvfp4::dequant_word(q1[2 * g + v], w);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) p1 = fmaf(w[i], xf[i], p1);
+        }
+        d0 = fmaf(p0, EncNvfp4::scale(r0, g), d0);
+        d1 = fmaf(p1, EncNvfp4::scale(r1, g), d1);
+    }
+    acc[0] += d0;
+    acc[1] += d1;
+}
+
 // The weight rows a warp streams: rows row0, row0 + stride, ... below m.rows, and of each row
 // the lane's chunks lane, lane + 32, ... (every lane walks ceil(nchunks / 32) chunk slots per
 // row, loading only those below nchunks, so that row ends fall on the same step in every lane).

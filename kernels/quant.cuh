@@ -187,18 +187,21 @@ struct EncNvfp4 {
     }
     __device__ static void dequant(const Raw& r, float w[CHUNK], float sc[GROUPS]) {
         const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
-        sc[0] = e4m3_to_f((uint8_t)(r.s & 0xff)) * E2M1_UNSCALE;
-        sc[1] = e4m3_to_f((uint8_t)(r.s >> 8)) * E2M1_UNSCALE;
+        sc[0] = scale(r, 0);
+        sc[1] = scale(r, 1);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < 4; ++j) dequant_word(q[j], w + 8 * j);
+    }
+    // Weights 8j..8j+7 of a chunk from its codes' word j (the low nibbles are 8j..8j+3).
+    __device__ static void dequant_word(uint32_t q, float w[8]) {
 #pragma unroll
-            for (int p = 0; p < 4; ++p) {
-                const float2 f = __half22float2(e2m1_pair_to_h2_scaled(q[j] >> (4 * p)));
-                w[8 * j + p] = f.x;
-                w[8 * j + p + 4] = f.y;
-            }
+        for (int p = 0; p < 4; ++p) {
+            const float2 f = __half22float2(e2m1_pair_to_h2_scaled(q >> (4 * p)));
+            w[p] = f.x;
+            w[p + 4] = f.y;
         }
     }
+    __device__ static float scale(const Raw& r, int g) { return e4m3_to_f((uint8_t)(r.s >> (8 * g))) * E2M1_UNSCALE; }
 };
 
 // Per-row multiplier applied after the dot product: the nvfp4 global of the row's segment.

@@ -32,6 +32,8 @@ device_args!(CombineArgs, 48);
 
 /// Routing table rows a down block keeps: top-32 and the shared slot (DOWN_MAX_SLOTS in experts.cu).
 const DOWN_MAX_SLOTS: usize = 33;
+/// The rows (warps) of a per-slot gate_up block (GATE_UP_WARPS in experts.cu).
+const GATE_UP_WARPS: usize = 4;
 
 #[repr(C)]
 pub(crate) struct BankArgs {
@@ -124,7 +126,10 @@ impl KernelSet {
         c.ensure(bank.rows.is_multiple_of(32), || format!("gate_up rows {} are not 2·I with I % 16 == 0", bank.rows))?;
         c.len("ids", ids.len(), tokens * topk)?;
         let (ip, _gi) = dptr(ids, stream);
-        let grid = |_, inter: usize| Ok(expert_grid(bank, shared, inter));
+        let grid = |_, inter: usize| {
+            let (gx, gy) = expert_grid(bank, shared, inter);
+            Ok((gx, gy, 256))
+        };
         self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, [ip, 0, 0]), out, grid)
     }
 
@@ -244,12 +249,12 @@ impl KernelSet {
         let c = Check::new(bank_kernels(bank.encoding()).0);
         let (route, _gr) = routing.pointers(&c, stream, (tokens, topk, bank.experts, shared.is_some()))?;
         // Slots on x: a prompt pass has tokens × (topk + 1) of them, past y's 65,535.
-        let grid = |slots, inter| Ok((c.i32("slots", slots)? as u32, blocks(inter, ROWS_PER_BLOCK)));
+        let grid = |slots, inter| Ok((c.i32("slots", slots)? as u32, blocks(inter, GATE_UP_WARPS), 32 * GATE_UP_WARPS as u32));
         self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, route), out, grid)
     }
 
     /// The checks and launch of a gate_up kernel (this one or the grouped one of experts.rs),
-    /// whose grid `grid(slots, I)` gives; `route` the routing's addresses (checked).
+    /// whose grid and block threads `grid(slots, I)` gives; `route` the routing's addresses (checked).
     pub(crate) fn gate_up_with(
         &self,
         c: &Check,
@@ -259,7 +264,7 @@ impl KernelSet {
         (x, ldx): (&impl DevicePtr<bf16>, usize),
         (tokens, topk, route): (usize, usize, [u64; 3]),
         out: &mut impl DevicePtrMut<bf16>,
-        grid: impl FnOnce(usize, usize) -> Result<(u32, u32)>,
+        grid: impl FnOnce(usize, usize) -> Result<(u32, u32, u32)>,
     ) -> Result<()> {
         c.ensure(bank.rows.is_multiple_of(2), || {
             format!("gate_up rows {} are not even", bank.rows)
@@ -280,8 +285,8 @@ impl KernelSet {
             return Ok(());
         }
         let args = BankArgs { logits: route[2], ..BankArgs::new(c, (bm, sm), [xp, route[0], 0, op], (tokens, topk, shared.is_some()), ldx, inter)? };
-        let (gx, gy) = grid(slots, inter)?;
-        let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (gx, gy, threads) = grid(slots, inter)?;
+        let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
         self.launch_struct(stream, c.kernel, cfg, &args)
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ninfer_kernels::cudarc::driver::{sys::CUevent_flags, CudaStream};
 use ninfer_kernels::{
-    attention_workspace_len, AttentionBatch, AttnTiles, DeltaForm, GdnDims, HeadLayout, PagedKv, Routing,
+    attention_workspace_len, bf16, MatrixView, Weights, AttentionBatch, AttnTiles, DeltaForm, GdnDims, HeadLayout, PagedKv, Routing,
     SamplingRow, SeqSlots,
 };
 
@@ -415,4 +415,41 @@ fn bench_attention_gdn_sample() {
             .iter()
             .all(|&t| (0..vocab as i32).contains(&t)));
     }
+}
+
+/// The output head's one-row product (248,320 x 2,048 q6_g64, the model's shape) back to back,
+/// and right after a one-row bf16 product over 16 GiB or over 64 MiB of weights: both leave
+/// L2 holding other lines, but only the 16 GiB one walks through more 2 MiB pages (8,192) than
+/// the GPU's address translation caches hold, as a decode step does across its 20 GB of
+/// weights. A head slower after the larger product pays for page walks, not for bytes.
+#[test]
+#[ignore]
+fn bench_head_after_far_reads() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(1003);
+    let (n, k) = (248_320, 2048);
+    let bytes = n as f64 * k as f64 * 0.78125;
+    let w = HostMat::random(Enc::Q6, 1, n, k, 1, &mut rng).upload(&s);
+    let x = up(&s, &rng.bf16s(k, 1.0));
+    let mut y = nan_f32(&s, n);
+    let warm = time_ms(&s, 16, || g.ks.gemv(&s, &w.view(), &x, 1, k, &mut y, n).unwrap());
+    report("head q6_g64 248320x2048 b=1, back to back", warm, bytes);
+    for (name, rows) in [("16 GiB", 4usize << 20), ("64 MiB", 16 << 10)] {
+        let far = s.alloc_zeros::<bf16>(rows * k).unwrap();
+        let fv = MatrixView { weights: Weights::Bf16 { data: far.slice(..) }, experts: 1, rows, cols: k };
+        let mut fy = s.alloc_zeros::<f32>(rows).unwrap();
+        let iters = 8;
+        let mut total = 0.0;
+        for _ in 0..iters {
+            g.ks.gemv(&s, &fv, &x, 1, k, &mut fy, rows).unwrap();
+            let start = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+            g.ks.gemv(&s, &w.view(), &x, 1, k, &mut y, n).unwrap();
+            let end = s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+            end.synchronize().unwrap();
+            total += start.elapsed_ms(&end).unwrap() as f64;
+        }
+        report(&format!("head q6_g64 248320x2048 b=1, after a product over {name}"), total / iters as f64, bytes);
+    }
+    finite_f32(&down(&s, &y));
 }
