@@ -159,10 +159,15 @@ fn bench_gemv_gnorm() {
 #[test]
 #[ignore]
 fn bench_moe_decode() {
+    // One token through one layer's experts, routed by the kernels from the logits as a decode
+    // step runs them, with the logits rotating over 16 rows so that each launch picks other
+    // experts and streams their weights from memory (the same row every time would keep its
+    // nine experts in L2). gate_up alone, then gate_up and down in turn, as down must follow
+    // gate_up (experts.cu).
     let Some(g) = gpu() else { return };
     let s = g.stream();
     let mut rng = Rng::new(1001);
-    let (e, i, h, k) = (256, 512, 2048, 8);
+    let (e, i, h, k, rows) = (256, 512, 2048, 8, 16);
     for enc in [Enc::Nvfp4, Enc::Q8] {
         let gu = HostMat::random(enc, e, 2 * i, h, 1, &mut rng).upload(&s);
         let dn = HostMat::random(enc, e, h, i, 1, &mut rng).upload(&s);
@@ -170,41 +175,23 @@ fn bench_moe_decode() {
         let sdn = HostMat::random(enc, 1, h, i, 1, &mut rng).upload(&s);
         let (sguv, sdnv) = (sgu.view(), sdn.view());
         let x = up(&s, &rng.bf16s(h, 1.0));
-        // Routed by the kernels from the logits, as a decode step runs them.
-        let logits = up(&s, &rng.bf16s(e + 1, 2.0));
+        let logits: Vec<_> = (0..rows).map(|_| up(&s, &rng.bf16s(e + 1, 2.0))).collect();
         let mut m = nan_bf16(&s, (k + 1) * i);
         let mut y = nan_f32(&s, h);
         let per = if enc == Enc::Nvfp4 { 0.5625 } else { 1.0625 };
         let bytes = (k + 1) as f64 * (2 * i * h) as f64 * per;
-        let table = Routing::Logits(logits.slice(..));
-        let ms = time_ms(&s, 50, || {
-            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, (1, k), &table, &mut m)
-                .unwrap()
+        let gate_up = |r: usize, m: &mut _| {
+            let route = Routing::Logits(logits[r].slice(..));
+            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, (1, k), &route, m).unwrap();
+        };
+        let ms = time_rotating(&s, rows, 48, |r| gate_up(r, &mut m));
+        report(&format!("moe_gate_up {enc:?} E={e} top{k}+shared"), ms, bytes);
+        let ms = time_rotating(&s, rows, 48, |r| {
+            gate_up(r, &mut m);
+            let route = Routing::Logits(logits[r].slice(..));
+            g.ks.moe_down(&s, &dn.view(), Some(&sdnv), &m, (1, k), &route, &mut y, h, false).unwrap();
         });
-        report(
-            &format!("moe_gate_up {enc:?} E={e} top{k}+shared"),
-            ms,
-            bytes,
-        );
-        let ms = time_ms(&s, 50, || {
-            g.ks.moe_down(
-                &s,
-                &dn.view(),
-                Some(&sdnv),
-                &m,
-                (1, k),
-                &table,
-                &mut y,
-                h,
-                false,
-            )
-            .unwrap()
-        });
-        report(
-            &format!("moe_down {enc:?} E={e} top{k}+shared"),
-            ms,
-            bytes / 2.0,
-        );
+        report(&format!("moe_gate_up + moe_down {enc:?} E={e} top{k}+shared"), ms, bytes * 1.5);
         finite_f32(&down(&s, &y));
     }
 }
