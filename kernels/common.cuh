@@ -82,7 +82,12 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
 // attribute it returns at once. `grid_release()` lets the next kernel start its own blocks
 // (which then run up to their `grid_wait()`); every kernel calls it first thing, except the
 // per-slot expert gate_up (experts.cu), which calls it after its wait so that down may read the
-// routing before its own: the one kernel that breaks the rule above, on that guarantee.
+// routing before its own: down breaks the rule above on that guarantee. The other exception is
+// state that one launch alone reads and writes in a pass (the GDN recurrent state, gdn.cu):
+// its last writer is a launch of an earlier pass, and the engine synchronises with the host
+// between passes (backend/cuda: every pass ends by copying its tokens or logits back), and
+// clears a slot with a memset, which a dependent launch never overlaps, so it may be read
+// before the wait.
 __device__ __forceinline__ void grid_release() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 

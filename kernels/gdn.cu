@@ -188,9 +188,10 @@ __device__ __forceinline__ void walk_token(const RecArgs& a, const Walker& w, in
     __syncthreads();  // shared q/k/partials are rewritten by the next token
 }
 
+// The state is read before grid_wait() (common.cuh's exception): only this launch writes it
+// within a pass, so its last writer is a finished pass, and the read overlaps the kernel ahead.
 extern "C" __global__ void __launch_bounds__(256) ninfer_gdn_recurrent(RecArgs a) {
     grid_release();
-    grid_wait();
     const Walker w = walker(a, blockIdx.x * 32);
     const int s = blockIdx.z;
     const int t0 = a.cu[s], t1 = a.cu[s + 1];
@@ -199,6 +200,7 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_gdn_recurrent(RecArgs a
 #pragma unroll
     for (int i = 0; i < GDN_KPT; ++i)
         S[i] = (i < w.kpt && w.col_ok) ? st[(size_t)(w.k0 + i) * a.dv + w.j] : 0.f;
+    grid_wait();
     for (int t = t0; t < t1; ++t) walk_token(a, w, t, S);
     if (w.col_ok) {
 #pragma unroll
