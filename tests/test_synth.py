@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from ninfer import Engine, SamplingParams
 from ninfer._core import Artifact
@@ -65,3 +66,11 @@ def test_the_seed_fixes_every_weight(tmp_path: Path) -> None:
     synth("tiny", c, seed=2, progress=False)
     assert _digest(a) == _digest(b)
     assert _digest(a) != _digest(c)
+
+
+def test_progress_into_a_log_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # stderr captured (not a terminal): no carriage-return stream of running counts, one line.
+    synth("tiny", tmp_path / "t.ninfer", seed=1, progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert err.count("\n") == 1 and err.startswith("synth tiny: ")

@@ -190,9 +190,11 @@ def synth(preset: str, out: str | Path, seed: int = 0, progress: bool = True) ->
     g = _Gen(w, seed)
     H, V = cfg["hidden_size"], cfg["vocab_size"]
     g.matrix("embed", "q8_g32", [V, H])
+    # The running line rewrites itself on a terminal only; a log gets the closing line alone.
+    live = progress and sys.stderr.isatty()
     for i, kind in enumerate(cfg["layer_types"]):
         _layer(g, f"layers.{i}", kind == "full_attention", cfg, p.projections, "text")
-        if progress:
+        if live:
             rate = g.bytes / 1e9 / (time.perf_counter() - start)
             print(f"\rsynth {preset}: layer {i + 1}/{len(cfg['layer_types'])}, {g.bytes / 1e9:.1f} GB, {rate:.2f} GB/s", end="", file=sys.stderr, flush=True)
     g.bf16("final_norm", [H], 0.05)
@@ -211,5 +213,6 @@ def synth(preset: str, out: str | Path, seed: int = 0, progress: bool = True) ->
     w.finish()
     seconds = time.perf_counter() - start
     if progress:
-        print(f"\rsynth {preset}: {g.count} tensors, {g.bytes / 1e9:.2f} GB in {seconds:.0f} s -> {out}", file=sys.stderr)
+        back = "\r" if live else ""
+        print(f"{back}synth {preset}: {g.count} tensors, {g.bytes / 1e9:.2f} GB in {seconds:.0f} s -> {out}", file=sys.stderr)
     return {"path": str(out), "tensors": g.count, "bytes": g.bytes, "seconds": seconds}
