@@ -124,10 +124,14 @@ __device__ __forceinline__ void load_kv_tile(const AttnArgs& a, int s, int kvh, 
     }
 }
 
+// The dynamic shared memory of both attention kernels, declared once: a block-scope
+// declaration in the extern "C" kernel and another in the template clashed in linkage (nvcc
+// warning 1556).
+extern __shared__ __align__(16) unsigned char att_smem[];
+
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) ninfer_attention(AttnArgs a) {
     grid_release();
     grid_wait();
-    extern __shared__ __align__(16) unsigned char smem_raw[];
     const int s = blockIdx.z;
     const int kvh = blockIdx.y / a.splits;
     const int split = blockIdx.y - kvh * a.splits;
@@ -141,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) ninfer_attention(AttnA
     const int D = a.dim;
     const int DP = D + 8;  // padded row (bf16 elements): 16 bytes of skew per row
     const int chunks = D / 8;
-    bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
+    bf16* Qs = reinterpret_cast<bf16*>(att_smem);
     bf16* Ks = Qs + ATT_ROWS * DP;
     bf16* Vs = Ks + ATT_TILE * DP;
     float* Ps = reinterpret_cast<float*>(Vs + ATT_TILE * DP);
@@ -456,7 +460,6 @@ __device__ __forceinline__ void attention_mma(const AttnArgs& a) {
     constexpr int NT = DEC ? MMA_MAX_NT / 4 : MMA_MAX_NT;
     grid_release();
     grid_wait();
-    extern __shared__ __align__(16) unsigned char smem_raw[];
     const int s = blockIdx.z, kvh = blockIdx.y / a.splits, split = blockIdx.y - kvh * a.splits;
     const int q0 = a.cu_q[s], q_len = a.cu_q[s + 1] - q0;
     const int tile_tok = blockIdx.x * a.qt;
@@ -465,7 +468,7 @@ __device__ __forceinline__ void attention_mma(const AttnArgs& a) {
     const int G = a.q_heads / a.kv_heads;
     const int R = min(a.qt, q_len - tile_tok) * G;
     const int D = a.dim, DP = D + 8, nt = D / 8;
-    bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
+    bf16* Qs = reinterpret_cast<bf16*>(att_smem);
     bf16* Kb = Qs + QR * DP;  // tile pair b: K at Kb + 2b * 32 * DP, V right after it
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;
