@@ -11,7 +11,10 @@ end before it (never negative). The charges of a step add up to the step's time 
 
 Needs torch with CUDA (for its profiler) and a CUDA build of ninfer.
 
-    python scripts/decode_trace.py ARTIFACT [--prompt 512] [--steps 32] [--json OUT]
+    python scripts/decode_trace.py ARTIFACT [--prompt 512] [--steps 32] [--json OUT] [--eager]
+
+`--eager` replays the step as launches from the host instead of its CUDA graph (the same
+kernels, with dependent launch), to tell what the graph changes in a kernel's cost.
 """
 
 from __future__ import annotations
@@ -30,14 +33,14 @@ import numpy as np
 STEP_GAP_US = 15.0
 
 
-def trace(artifact: str, prompt: int, steps: int) -> list[dict]:
+def trace(artifact: str, prompt: int, steps: int, graphs: bool = True) -> list[dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from ninfer import _core
 
     torch.cuda.init()
-    runner = _core.Runner(artifact, device="cuda", max_slots=1, max_context=prompt + steps + 16)
+    runner = _core.Runner(artifact, device="cuda", max_slots=1, max_context=prompt + steps + 16, cuda_graphs=graphs)
     vocab = json.loads(_core.Artifact(artifact).header_json())["components"]["text"]["vocab_size"]
     ids = np.random.default_rng(0).integers(0, min(vocab, 150000), prompt).tolist()
     slot = runner.alloc_slot()
@@ -87,8 +90,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--json", help="write the per-kernel table here as JSON")
+    ap.add_argument("--eager", action="store_true", help="launch the step's kernels from the host, not as its CUDA graph")
     a = ap.parse_args()
-    steps = split_steps(trace(a.artifact, a.prompt, a.steps))
+    steps = split_steps(trace(a.artifact, a.prompt, a.steps, graphs=not a.eager))
     if not steps:
         raise SystemExit("no decode steps in the trace")
     spans = [s[-1]["ts"] + s[-1]["dur"] - s[0]["ts"] for s in steps]
@@ -101,7 +105,7 @@ def main() -> None:
     n = len(steps)
     rows = sorted(((name, v[0] / n, v[1] / n, v[2] / n) for name, v in per.items()), key=lambda r: -r[2])
     total = sum(r[2] for r in rows)
-    print(f"{n} decode steps after a {a.prompt}-token prompt; step on the GPU: median {statistics.median(spans):.1f} µs, "
+    print(f"{n} decode steps after a {a.prompt}-token prompt{' (eager)' if a.eager else ''}; step on the GPU: median {statistics.median(spans):.1f} µs, "
           f"{len(steps[0])} launches")
     print(f"{'kernel':<40} {'launches':>8} {'charged µs':>10} {'share':>6} {'own µs':>8}")
     for name, k, c, own in rows:
