@@ -219,8 +219,11 @@ fn bench_moe_prompt() {
         let mut m = nan_bf16(&s, slots * i);
         let mut y = up(&s, &rng.bf16s(t * h, 1.0));
         let mut part = nan_f32(&s, slots * h);
+        let table = Routing::Table { ids: ids.slice(..), w: w.slice(..) };
+        let gate_up = time_ms(&s, 10, || {
+            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, (t, k), &table, &mut m).unwrap();
+        });
         let per_slot = time_ms(&s, 10, || {
-            let table = Routing::Table { ids: ids.slice(..), w: w.slice(..) };
             g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, (t, k), &table, &mut m).unwrap();
             g.ks.moe_down(&s, &dn.view(), Some(&sdnv), &m, (t, k), &table, &mut y, h, true).unwrap();
         });
@@ -230,6 +233,7 @@ fn bench_moe_prompt() {
             g.ks.moe_combine(&s, &part, &ids, t, k, e, true, &mut y, h, h).unwrap();
         });
         report(&format!("moe experts T={t} per-slot"), per_slot, 0.0);
+        report(&format!("moe experts T={t} per-slot, gate_up alone"), gate_up, 0.0);
         report(&format!("moe experts T={t} grouped"), grouped, 0.0);
     }
 }
