@@ -77,7 +77,8 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
 // cooperative sampler is launched allowed to start while the kernel ahead of it in the stream
 // is still running (launch.rs), so every kernel keeps this rule: nothing before `grid_wait()`
 // reads memory an earlier kernel writes, or writes memory at all. Before it a kernel may only
-// compute indices and read weights (never written by a kernel). `grid_wait()` returns once the
+// compute indices and read what no kernel writes: weights, and the pass's tables, which the
+// host copies up before the pass's first launch. `grid_wait()` returns once the
 // grids this one depends on have completed and their writes are visible; launched without the
 // attribute it returns at once. `grid_release()` lets the next kernel start its own blocks
 // (which then run up to their `grid_wait()`); every kernel calls it first thing, except the

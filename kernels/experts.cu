@@ -467,9 +467,9 @@ __device__ __forceinline__ void down_body(const BankArgs& a) {
 }
 
 // Three blocks per SM for down (at most 85 registers, against 91-98 unbounded) and nine of
-// four warps for gate_up (GATE_UP_WARPS; eight for q4_g32 and five for q6_g64, which spill at more): a decode
-// step's experts are a few thousand short rows, so the bytes in flight per SM, not the
-// instructions, bound them.
+// four warps for gate_up (GATE_UP_WARPS; eight for q4_g32 and five for q6_g64, which spill at
+// more): a decode step's experts are a few thousand short rows, so the bytes in flight per SM,
+// not the instructions, bound them.
 #define NINFER_BANK(name, Enc, gate_up_blocks)                                              \
     extern "C" __global__ void __launch_bounds__(GATE_UP_WARPS * 32, gate_up_blocks)        \
         ninfer_moe_gate_up_##name(BankArgs a) {                                             \

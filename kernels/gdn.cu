@@ -190,6 +190,7 @@ __device__ __forceinline__ void walk_token(const RecArgs& a, const Walker& w, in
 
 // The state is read before grid_wait() (common.cuh's exception): only this launch writes it
 // within a pass, so its last writer is a finished pass, and the read overlaps the kernel ahead.
+// Its cu and slot are the pass's tables (the rule itself allows those).
 extern "C" __global__ void __launch_bounds__(256) ninfer_gdn_recurrent(RecArgs a) {
     grid_release();
     const Walker w = walker(a, blockIdx.x * 32);

@@ -50,7 +50,7 @@ __device__ __forceinline__ float chunk_dot(const float (&w)[Enc::CHUNK], const f
     return acc;
 }
 
-// acc[0] += (row chunk r0) . x and acc[1] += (row chunk r1) . x over the same 32 columns of x
+// acc[0] += (row chunk r0) . x and acc[1] += (row chunk r1) . x over the same chunk of x
 // (global memory): two chunk_dot calls, the same products in the same order.
 template <typename Enc>
 __device__ __forceinline__ void pair_dot(const typename Enc::Raw& r0, const typename Enc::Raw& r1, const bf16* x,
