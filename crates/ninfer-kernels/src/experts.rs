@@ -79,7 +79,6 @@ impl BankArgs {
     }
 }
 
-
 fn bank_kernels(enc: Encoding) -> (Kernel, Kernel) {
     use Kernel::*;
     match enc {
@@ -253,7 +252,7 @@ impl KernelSet {
         self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, route), out, grid)
     }
 
-    /// The checks and launch of a gate_up kernel (this one or the grouped one of experts.rs),
+    /// The checks and launch of a gate_up kernel (the per-slot or the grouped one),
     /// whose grid and block threads `grid(slots, I)` gives; `route` the routing's addresses (checked).
     pub(crate) fn gate_up_with(
         &self,

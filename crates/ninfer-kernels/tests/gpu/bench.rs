@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use ninfer_kernels::cudarc::driver::{sys::CUevent_flags, CudaStream};
 use ninfer_kernels::{
-    attention_workspace_len, bf16, MatrixView, Weights, AttentionBatch, AttnTiles, DeltaForm, GdnDims, HeadLayout, PagedKv, Routing,
-    SamplingRow, SeqSlots,
+    attention_workspace_len, bf16, AttentionBatch, AttnTiles, DeltaForm, GdnDims, HeadLayout, MatrixView, PagedKv, Routing,
+    SamplingRow, SeqSlots, Weights,
 };
 
 use crate::common::*;
@@ -180,15 +180,15 @@ fn bench_moe_decode() {
         let mut y = nan_f32(&s, h);
         let per = if enc == Enc::Nvfp4 { 0.5625 } else { 1.0625 };
         let bytes = (k + 1) as f64 * (2 * i * h) as f64 * per;
-        let gate_up = |r: usize, m: &mut _| {
-            let route = Routing::Logits(logits[r].slice(..));
-            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, (1, k), &route, m).unwrap();
+        let route = |r: usize| Routing::Logits(logits[r].slice(..));
+        let gate_up = |route: &Routing, m: &mut _| {
+            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, (1, k), route, m).unwrap();
         };
-        let ms = time_rotating(&s, rows, 48, |r| gate_up(r, &mut m));
+        let ms = time_rotating(&s, rows, 48, |r| gate_up(&route(r), &mut m));
         report(&format!("moe_gate_up {enc:?} E={e} top{k}+shared"), ms, bytes);
         let ms = time_rotating(&s, rows, 48, |r| {
-            gate_up(r, &mut m);
-            let route = Routing::Logits(logits[r].slice(..));
+            let route = route(r);
+            gate_up(&route, &mut m);
             g.ks.moe_down(&s, &dn.view(), Some(&sdnv), &m, (1, k), &route, &mut y, h, false).unwrap();
         });
         report(&format!("moe_gate_up + moe_down {enc:?} E={e} top{k}+shared"), ms, bytes * 1.5);
