@@ -1,7 +1,7 @@
 // Matrix-vector products for decode (small batch), over every weight encoding of
 // docs/format.md section 3 (the MoE expert banks' per-slot products are in experts.cu).
 //
-// ninfer_gemv_<enc>_b<NB>  (enc: bf16, q8_g32, q6_g64, q4_g32, nvfp4; NB: 1, 2, 4, 8, 16)
+// ninfer_gemv_<enc>_b<NB>  (enc: bf16, q8_g32, q4_g32, nvfp4; NB: 1, 2, 4, 8, 16)
 //   y[b, n] = sum_k x[b, k] * W[n, k]     for b < batch <= NB, n < N = m.rows, k < K = m.cols
 //   x: bf16 [batch, ldx]; W: one matrix (m.experts == 1) decoded per format.md, nvfp4 including
 //   its per-segment global; f32 accumulation; y [batch, ldy] written as bf16 (rounded once) or f32
@@ -13,17 +13,18 @@
 //   chunks per lane and whole scale groups. Every weight row and x row must start 16-byte
 //   aligned. y must not alias x or W.
 //
-//   bf16 and q8_g32 have only the b1 kernel: their batches of 2-16 rows take the next two;
-//   q6_g64's b1 is the next-but-one.
+//   bf16, q8_g32 and q6_g64 have no SIMT kernels of 2-16 rows: those batches take the next
+//   two; q6_g64's b1 is the next-but-one.
 //
-// ninfer_gemv_<enc>_mma_b<NB>  (enc: bf16, q8_g32; NB: 8, 16)
+// ninfer_gemv_<enc>_mma_b<NB>  (enc: bf16, q8_g32, q6_g64; NB: 8, 16)
 //   The contract above for batches of 2-8 (b8) and 9-16 (b16) rows, on the tensor cores:
-//   mma.m16n8k16 with bf16 operands and f32 accumulation. bf16 weights and int8 codes are exact
-//   in bf16 and x is bf16, so each product is exact; a q8 group's two MMAs (32 columns) are
-//   summed from zero and scaled by the group's f16 scale in f32, as the SIMT kernels do. K must
-//   be a multiple of 32. Launch: block 256 = 8 warps on one 16-row tile, warp w taking the
-//   32-column groups w, w+8, ... and the warps' partials summed in shared memory in warp
-//   order; grid ceil(N / 16).
+//   mma.m16n8k16 with bf16 operands and f32 accumulation. bf16 weights, int8 codes and q6
+//   codes minus 32 are exact in bf16 and x is bf16, so each product is exact; the two MMAs of a
+//   32-column group are summed from zero and scaled by the group's f16 scale in f32 (q8's own,
+//   or the scale of the q6 64-column group it halves). K must be a multiple of 32 (64 for
+//   q6_g64). Launch: block 256 = 8 warps on one 16-row tile, warp w taking the 32-column
+//   groups w, w+8, ... and the warps' partials summed in shared memory in warp order; grid
+//   ceil(N / 16).
 //
 // ninfer_gemv_q6_g64_mma_b1  (batch 1, K % 64 == 0, K <= 8192)
 //   The contract above on the tensor cores (mma.m16n8k16, bf16 operands, f32 accumulation).
@@ -85,6 +86,11 @@ __device__ __forceinline__ void i8x4_bf16(uint32_t w, uint32_t& lo, uint32_t& hi
 #define MMA_WARPS 8
 #define MMA_UNROLL 4
 
+__device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
+    const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&r);
+}
+
 // One lane's share of a 32-column group, for the rows g and g + 8 of a 16-row tile (t = lane
 // % 4): 8 contiguous elements of each row (columns 8t..8t+7 of the group) and the rows' scales.
 // The MMA k order: in step s (0, 1) of a group, lane t's k indices 2t, 2t+1 are columns
@@ -109,6 +115,47 @@ struct MmaQ8 {
     __device__ static void a_regs(const Group& w, int st, uint32_t (&a)[4]) {
         i8x4_bf16(st ? w.q[0].y : w.q[0].x, a[0], a[2]);
         i8x4_bf16(st ? w.q[1].y : w.q[1].x, a[1], a[3]);
+    }
+    __device__ static float scale(const Group& w, int h) { return f16_bits_to_f(w.s[h]); }
+};
+
+// q6_g64's share of a lane: the 8 codes of each row (4 bytes of low nibbles, 16 high bits)
+// and the scale of the row's 64-column group, which both of its 32-column halves apply.
+struct MmaQ6 {
+    static constexpr bool SCALED = true;
+    struct Group { uint32_t q[2]; uint16_t h[2]; uint16_t s[2]; };
+    __device__ static Group load(const Mat& m, int row0, int g, int t, int grp) {
+        Group r;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const size_t row = min(row0 + g + 8 * h, m.rows - 1);
+            const uint8_t* ql = static_cast<const uint8_t*>(m.p0) + row * (m.cols / 2) + grp * 16 + 4 * t;
+            asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r.q[h]) : "l"(ql));
+            r.h[h] = __ldg(reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(m.p1) + row * (m.cols / 4) + grp * 8 + 2 * t));
+            r.s[h] = __ldg(static_cast<const uint16_t*>(m.p2) + row * (m.cols / 64) + grp / 2);
+        }
+        return r;
+    }
+    // Row h's codes as bf16x2 pairs of code - 32, exactly, in column order: (e0, e1) .. (e6, e7).
+    // 0x43 above a code c < 128 is the bf16 of 128 + c; minus 160 leaves c - 32.
+    __device__ static void pairs(const Group& w, int h, uint32_t (&p)[4]) {
+        uint32_t ce, co;
+        q6_code_bytes(w.q[h], w.h[h], false, ce, co);
+        const uint32_t lo = __byte_perm(ce, co, 0x5140), hi = __byte_perm(ce, co, 0x7362);  // e0..e3, e4..e7
+        const uint32_t k = 0x43434343u, bias = 0x43204320u;
+        p[0] = bf16x2_sub(__byte_perm(lo, k, 0x4140), bias);
+        p[1] = bf16x2_sub(__byte_perm(lo, k, 0x4342), bias);
+        p[2] = bf16x2_sub(__byte_perm(hi, k, 0x4140), bias);
+        p[3] = bf16x2_sub(__byte_perm(hi, k, 0x4342), bias);
+    }
+    __device__ static void a_regs(const Group& w, int st, uint32_t (&a)[4]) {
+        uint32_t p0[4], p1[4];
+        pairs(w, 0, p0);
+        pairs(w, 1, p1);
+        a[0] = p0[2 * st];
+        a[2] = p0[2 * st + 1];
+        a[1] = p1[2 * st];
+        a[3] = p1[2 * st + 1];
     }
     __device__ static float scale(const Group& w, int h) { return f16_bits_to_f(w.s[h]); }
 };
@@ -217,11 +264,6 @@ __device__ __forceinline__ void gemv_mma_body(const GemvArgs& a) {
 
 #define Q6_BLOCK 256  // columns a warp's lanes take per step of a tile: four groups of 64
 #define Q6_AHEAD 2     // column blocks of loads in flight per lane
-
-__device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
-    const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
-    return *reinterpret_cast<const uint32_t*>(&r);
-}
 
 // Eight q6 codes (q6_code_bytes' arguments) as bf16x2 pairs of code - 32, exactly: (e0, e2),
 // (e1, e3), (e4, e6), (e5, e7). 0x43 above a code c < 128 is the bf16 of 128 + c; minus 160
@@ -361,11 +403,8 @@ NINFER_GEMV(bf16, EncBf16, 1)
     }
 NINFER_GEMV_MMA(bf16, MmaBf16)
 NINFER_GEMV_MMA(q8_g32, MmaQ8)
+NINFER_GEMV_MMA(q6_g64, MmaQ6)
 NINFER_GEMV(q8_g32, EncQ8, 1)
-NINFER_GEMV(q6_g64, EncQ6, 2)
-NINFER_GEMV(q6_g64, EncQ6, 4)
-NINFER_GEMV(q6_g64, EncQ6, 8)
-NINFER_GEMV(q6_g64, EncQ6, 16)
 extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q6_g64_mma_b1(GemvArgs a) { gemv_q6_mma_b1(a); }
 NINFER_GEMV_ALL(q4_g32, EncQ4)
 NINFER_GEMV_ALL(nvfp4, EncNvfp4)

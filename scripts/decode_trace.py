@@ -1,4 +1,4 @@
-"""What each kernel of a batch-1 decode step really costs, traced by CUPTI.
+"""What each kernel of a decode step really costs, traced by CUPTI.
 
 `ninfer bench --profile` puts a timing event between every two launches, which keeps a kernel
 from starting before the one ahead has finished: with dependent launch (a kernel's blocks start
@@ -12,9 +12,13 @@ end before it (never negative). The charges of a step add up to the step's time 
 Needs torch with CUDA (for its profiler) and a CUDA build of ninfer.
 
     python scripts/decode_trace.py ARTIFACT [--prompt 512] [--steps 32] [--json OUT] [--eager]
+                                   [--concurrency C]
 
 `--eager` replays the step as launches from the host instead of its CUDA graph (the same
 kernels, with dependent launch), to tell what the graph changes in a kernel's cost.
+`--concurrency C` traces the steps of C requests decoding together (C greedy requests of
+`--steps` tokens after `--prompt`-token prompts, through `Engine` as `ninfer bench`'s tg128 xC
+runs them, after one untraced round): the steps that decode all C rows at once.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 
 import numpy as np
 
@@ -51,6 +56,39 @@ def trace(artifact: str, prompt: int, steps: int, graphs: bool = True) -> list[d
         for _ in range(steps):
             tok = runner.step_argmax(slot, [tok])
     runner.free_slot(slot)
+    return kernel_events(prof)
+
+
+def trace_engine(artifact: str, prompt: int, steps: int, concurrency: int) -> list[dict]:
+    """The kernels of `concurrency` greedy requests decoding together through `Engine`."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ninfer import Engine, SamplingParams, _core
+
+    torch.cuda.init()
+    engine = Engine(artifact, device="cuda", max_concurrency=concurrency, max_context=prompt + steps + 16)
+    vocab = json.loads(_core.Artifact(artifact).header_json())["components"]["text"]["vocab_size"]
+    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
+
+    def round_(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        prompts = [rng.integers(0, min(vocab, 150000), prompt).tolist() for _ in range(concurrency)]
+        threads = [threading.Thread(target=engine.generate, args=(p, params)) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    round_(0)  # capture the graphs and warm the caches outside the trace
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        round_(1)
+    engine.close()
+    return kernel_events(prof)
+
+
+def kernel_events(prof) -> list[dict]:
+    """The profiler's kernel events, in start order."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)
@@ -91,8 +129,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--json", help="write the per-kernel table here as JSON")
     ap.add_argument("--eager", action="store_true", help="launch the step's kernels from the host, not as its CUDA graph")
+    ap.add_argument("--concurrency", type=int, default=1, help="trace C requests decoding together, through Engine")
     a = ap.parse_args()
-    steps = split_steps(trace(a.artifact, a.prompt, a.steps, graphs=not a.eager))
+    if a.concurrency > 1 and a.eager:
+        raise SystemExit("--eager traces one sequence (leave --concurrency at 1)")
+    kernels = trace_engine(a.artifact, a.prompt, a.steps, a.concurrency) if a.concurrency > 1 else trace(a.artifact, a.prompt, a.steps, graphs=not a.eager)
+    steps = split_steps(kernels)
     if not steps:
         raise SystemExit("no decode steps in the trace")
     spans = [s[-1]["ts"] + s[-1]["dur"] - s[0]["ts"] for s in steps]
@@ -105,7 +147,8 @@ def main() -> None:
     n = len(steps)
     rows = sorted(((name, v[0] / n, v[1] / n, v[2] / n) for name, v in per.items()), key=lambda r: -r[2])
     total = sum(r[2] for r in rows)
-    print(f"{n} decode steps after a {a.prompt}-token prompt{' (eager)' if a.eager else ''}; step on the GPU: median {statistics.median(spans):.1f} µs, "
+    what = f" of {a.concurrency} sequences" if a.concurrency > 1 else " (eager)" if a.eager else ""
+    print(f"{n} decode steps{what} after a {a.prompt}-token prompt; step on the GPU: median {statistics.median(spans):.1f} µs, "
           f"{len(steps[0])} launches")
     print(f"{'kernel':<40} {'launches':>8} {'charged µs':>10} {'share':>6} {'own µs':>8}")
     for name, k, c, own in rows:

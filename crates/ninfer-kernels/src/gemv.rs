@@ -240,7 +240,7 @@ fn gemv_kernel(enc: Encoding, batch: usize) -> Kernel {
     let row: [Kernel; 5] = match enc {
         Encoding::Bf16 => [GemvBf16B1, GemvBf16MmaB8, GemvBf16MmaB8, GemvBf16MmaB8, GemvBf16MmaB16],
         Encoding::Q8G32 => [GemvQ8B1, GemvQ8MmaB8, GemvQ8MmaB8, GemvQ8MmaB8, GemvQ8MmaB16],
-        Encoding::Q6G64 => [GemvQ6MmaB1, GemvQ6B2, GemvQ6B4, GemvQ6B8, GemvQ6B16],
+        Encoding::Q6G64 => [GemvQ6MmaB1, GemvQ6MmaB8, GemvQ6MmaB8, GemvQ6MmaB8, GemvQ6MmaB16],
         Encoding::Q4G32 => [GemvQ4B1, GemvQ4B2, GemvQ4B4, GemvQ4B8, GemvQ4B16],
         Encoding::Nvfp4 => [
             GemvNvfp4B1,
@@ -335,7 +335,8 @@ impl KernelSet {
         };
         // The tensor-core kernels take 16 rows per block (K in 32-column groups); q6_g64's one
         // row streams 16-row tiles per warp, with x in shared memory (K <= 8192).
-        let mma = matches!(c.kernel, Kernel::GemvQ8MmaB8 | Kernel::GemvQ8MmaB16 | Kernel::GemvBf16MmaB8 | Kernel::GemvBf16MmaB16);
+        use Kernel::*;
+        let mma = matches!(c.kernel, GemvQ8MmaB8 | GemvQ8MmaB16 | GemvBf16MmaB8 | GemvBf16MmaB16 | GemvQ6MmaB8 | GemvQ6MmaB16);
         c.ensure(!mma || w.cols.is_multiple_of(32), || format!("cols {} not a multiple of 32 (tensor-core gemv)", w.cols))?;
         let q6 = c.kernel == Kernel::GemvQ6MmaB1;
         c.ensure(!q6 || w.cols <= 8192, || format!("cols {} past the 8192 of the q6_g64 one-row kernel", w.cols))?;

@@ -47,14 +47,12 @@ kernel_table! {
     GemvQ8GnormB1 => "fused", "ninfer_gemv_q8_g32_gnorm_b1";
     GemvBf16MmaB8 => "gemv", "ninfer_gemv_bf16_mma_b8";
     GemvBf16MmaB16 => "gemv", "ninfer_gemv_bf16_mma_b16";
-        GemvQ8B1 => "gemv", "ninfer_gemv_q8_g32_b1";
+    GemvQ8B1 => "gemv", "ninfer_gemv_q8_g32_b1";
     GemvQ8MmaB8 => "gemv", "ninfer_gemv_q8_g32_mma_b8";
     GemvQ8MmaB16 => "gemv", "ninfer_gemv_q8_g32_mma_b16";
     GemvQ6MmaB1 => "gemv", "ninfer_gemv_q6_g64_mma_b1";
-    GemvQ6B2 => "gemv", "ninfer_gemv_q6_g64_b2";
-    GemvQ6B4 => "gemv", "ninfer_gemv_q6_g64_b4";
-    GemvQ6B8 => "gemv", "ninfer_gemv_q6_g64_b8";
-    GemvQ6B16 => "gemv", "ninfer_gemv_q6_g64_b16";
+    GemvQ6MmaB8 => "gemv", "ninfer_gemv_q6_g64_mma_b8";
+    GemvQ6MmaB16 => "gemv", "ninfer_gemv_q6_g64_mma_b16";
     GemvQ4B1 => "gemv", "ninfer_gemv_q4_g32_b1";
     GemvQ4B2 => "gemv", "ninfer_gemv_q4_g32_b2";
     GemvQ4B4 => "gemv", "ninfer_gemv_q4_g32_b4";

@@ -82,7 +82,10 @@ fn bench_gemv_decode() {
         (Enc::Bf16, 4096, 2048, 1),
         (Enc::Q4, 8192, 2048, 1),
         (Enc::Q6, 248_320, 2048, 1),
+        (Enc::Q6, 248_320, 2048, 2),
         (Enc::Q6, 248_320, 2048, 4),
+        (Enc::Q6, 248_320, 2048, 8),
+        (Enc::Q6, 248_320, 2048, 16),
     ];
     for (enc, n, k, b) in shapes {
         // Enough copies of the matrix to overflow the 50 MB L2 of an H100/H200, launched in
@@ -200,7 +203,8 @@ fn bench_moe_decode() {
 #[ignore]
 fn bench_moe_prompt() {
     // A pass of T tokens through one layer's experts (top-8 of 256 plus the shared expert):
-    // per-slot kernels against the grouped ones.
+    // per-slot kernels against the grouped ones. Launches cycle through eight routings, so that
+    // a small batch's experts are not all still in L2 from the launch before.
     let Some(g) = gpu() else { return };
     let s = g.stream();
     let mut rng = Rng::new(1002);
@@ -209,28 +213,30 @@ fn bench_moe_prompt() {
     let dn = HostMat::random(Enc::Nvfp4, e, h, i, 1, &mut rng).upload(&s);
     let sgu = HostMat::random(Enc::Nvfp4, 1, 2 * i, h, 1, &mut rng).upload(&s);
     let sdn = HostMat::random(Enc::Nvfp4, 1, h, i, 1, &mut rng).upload(&s);
-    let (sguv, sdnv) = (sgu.view(), sdn.view());
-    for t in [16usize, 64, 512] {
+    let (gu, dn, sguv, sdnv) = (gu.view(), dn.view(), sgu.view(), sdn.view());
+    const ROUTINGS: usize = 8;
+    for t in [4usize, 16, 64, 512] {
         let x = up(&s, &rng.bf16s(t * h, 1.0));
-        let ids: Vec<i32> = (0..t).flat_map(|_| rng.distinct(e, k)).map(|v| v as i32).collect();
-        let ids = up(&s, &ids);
+        let ids: Vec<_> = (0..ROUTINGS)
+            .map(|_| up(&s, &(0..t).flat_map(|_| rng.distinct(e, k)).map(|v| v as i32).collect::<Vec<_>>()))
+            .collect();
         let slots = t * (k + 1);
         let w = up(&s, &vec![0.1f32; slots]);
         let mut m = nan_bf16(&s, slots * i);
         let mut y = up(&s, &rng.bf16s(t * h, 1.0));
         let mut part = nan_f32(&s, slots * h);
-        let table = Routing::Table { ids: ids.slice(..), w: w.slice(..) };
-        let gate_up = time_ms(&s, 10, || {
-            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, (t, k), &table, &mut m).unwrap();
+        let table = |r: usize| Routing::Table { ids: ids[r].slice(..), w: w.slice(..) };
+        let gate_up = time_rotating(&s, ROUTINGS, 16, |r| {
+            g.ks.moe_gate_up(&s, &gu, Some(&sguv), &x, h, (t, k), &table(r), &mut m).unwrap();
         });
-        let per_slot = time_ms(&s, 10, || {
-            g.ks.moe_gate_up(&s, &gu.view(), Some(&sguv), &x, h, (t, k), &table, &mut m).unwrap();
-            g.ks.moe_down(&s, &dn.view(), Some(&sdnv), &m, (t, k), &table, &mut y, h, true).unwrap();
+        let per_slot = time_rotating(&s, ROUTINGS, 16, |r| {
+            g.ks.moe_gate_up(&s, &gu, Some(&sguv), &x, h, (t, k), &table(r), &mut m).unwrap();
+            g.ks.moe_down(&s, &dn, Some(&sdnv), &m, (t, k), &table(r), &mut y, h, true).unwrap();
         });
-        let grouped = time_ms(&s, 10, || {
-            g.ks.moe_gate_up_grouped(&s, &gu.view(), Some(&sguv), &x, h, t, k, &ids, &mut m).unwrap();
-            g.ks.moe_down_grouped(&s, &dn.view(), Some(&sdnv), &m, t, k, &ids, &w, &mut part).unwrap();
-            g.ks.moe_combine(&s, &part, &ids, t, k, e, true, &mut y, h, h).unwrap();
+        let grouped = time_rotating(&s, ROUTINGS, 16, |r| {
+            g.ks.moe_gate_up_grouped(&s, &gu, Some(&sguv), &x, h, t, k, &ids[r], &mut m).unwrap();
+            g.ks.moe_down_grouped(&s, &dn, Some(&sdnv), &m, t, k, &ids[r], &w, &mut part).unwrap();
+            g.ks.moe_combine(&s, &part, &ids[r], t, k, e, true, &mut y, h, h).unwrap();
         });
         report(&format!("moe experts T={t} per-slot"), per_slot, 0.0);
         report(&format!("moe experts T={t} per-slot, gate_up alone"), gate_up, 0.0);

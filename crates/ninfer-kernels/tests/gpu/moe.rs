@@ -165,6 +165,9 @@ fn expert_banks_model_shapes() {
     // Qwen3.6-35B-A3B decode: 256 experts of I = 512 over H = 2048, top-8 plus the shared expert.
     bank_case(Enc::Nvfp4, 256, 512, 2048, 1, 8, true, 420);
     bank_case(Enc::Q8, 256, 512, 2048, 2, 8, true, 421);
+    // Decode batches of 4 and 16 tokens.
+    bank_case(Enc::Nvfp4, 256, 512, 2048, 4, 8, true, 422);
+    bank_case(Enc::Nvfp4, 256, 512, 2048, 16, 8, true, 423);
 }
 
 #[test]

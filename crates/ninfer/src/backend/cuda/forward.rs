@@ -4,7 +4,7 @@
 //! transformers run (model-spec.md §2.7); logits come back to the host as f32.
 //!
 //! Matrix products go through the small-batch gemv kernels (on the tensor cores from 2 rows
-//! for bf16 and q8_g32), 16 rows per launch, so a prompt chunk is processed 16 tokens at a time
+//! for bf16, q8_g32 and q6_g64), 16 rows per launch, so a prompt chunk is processed 16 tokens at a time
 //! per projection; the experts of a pass of 256 tokens or more run grouped by expert
 //! (kernels/experts.cu); the GDN recurrence walks each sequence's tokens in order inside one
 //! launch. Decode rows of several sequences share every launch.
