@@ -18,7 +18,9 @@ Needs torch with CUDA (for its profiler) and a CUDA build of ninfer.
 kernels, with dependent launch), to tell what the graph changes in a kernel's cost.
 `--concurrency C` traces the steps of C requests decoding together (C greedy requests of
 `--steps` tokens after `--prompt`-token prompts, through `Engine` as `ninfer bench`'s tg128 xC
-runs them, after one untraced round): the steps that decode all C rows at once.
+runs them, after one untraced round). Steps are kept by their launch count, as for one
+sequence, so a step of fewer rows that runs the same launches (the same kernels' row buckets)
+is counted with the steps of all C rows.
 """
 
 from __future__ import annotations
