@@ -91,6 +91,12 @@ __device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
     return *reinterpret_cast<const uint32_t*>(&r);
 }
 
+// q6 codes in bytes 0-1 (`upper` false) or 2-3 of `b` as a bf16x2 pair of code - 32, exactly:
+// 0x43 above a code c < 128 is the bf16 of 128 + c; minus 160 leaves c - 32.
+__device__ __forceinline__ uint32_t q6_bf16x2(uint32_t b, bool upper) {
+    return bf16x2_sub(__byte_perm(b, 0x43434343u, upper ? 0x4342 : 0x4140), 0x43204320u);
+}
+
 // One lane's share of a 32-column group, for the rows g and g + 8 of a 16-row tile (t = lane
 // % 4): 8 contiguous elements of each row (columns 8t..8t+7 of the group) and the rows' scales.
 // The MMA k order: in step s (0, 1) of a group, lane t's k indices 2t, 2t+1 are columns
@@ -136,17 +142,15 @@ struct MmaQ6 {
         }
         return r;
     }
-    // Row h's codes as bf16x2 pairs of code - 32, exactly, in column order: (e0, e1) .. (e6, e7).
-    // 0x43 above a code c < 128 is the bf16 of 128 + c; minus 160 leaves c - 32.
+    // Row h's codes as bf16x2 pairs of code - 32 in column order: (e0, e1) .. (e6, e7).
     __device__ static void pairs(const Group& w, int h, uint32_t (&p)[4]) {
         uint32_t ce, co;
         q6_code_bytes(w.q[h], w.h[h], false, ce, co);
         const uint32_t lo = __byte_perm(ce, co, 0x5140), hi = __byte_perm(ce, co, 0x7362);  // e0..e3, e4..e7
-        const uint32_t k = 0x43434343u, bias = 0x43204320u;
-        p[0] = bf16x2_sub(__byte_perm(lo, k, 0x4140), bias);
-        p[1] = bf16x2_sub(__byte_perm(lo, k, 0x4342), bias);
-        p[2] = bf16x2_sub(__byte_perm(hi, k, 0x4140), bias);
-        p[3] = bf16x2_sub(__byte_perm(hi, k, 0x4342), bias);
+        p[0] = q6_bf16x2(lo, false);
+        p[1] = q6_bf16x2(lo, true);
+        p[2] = q6_bf16x2(hi, false);
+        p[3] = q6_bf16x2(hi, true);
     }
     __device__ static void a_regs(const Group& w, int st, uint32_t (&a)[4]) {
         uint32_t p0[4], p1[4];
@@ -265,18 +269,16 @@ __device__ __forceinline__ void gemv_mma_body(const GemvArgs& a) {
 #define Q6_BLOCK 256  // columns a warp's lanes take per step of a tile: four groups of 64
 #define Q6_AHEAD 2     // column blocks of loads in flight per lane
 
-// Eight q6 codes (q6_code_bytes' arguments) as bf16x2 pairs of code - 32, exactly: (e0, e2),
-// (e1, e3), (e4, e6), (e5, e7). 0x43 above a code c < 128 is the bf16 of 128 + c; minus 160
-// leaves c - 32. About 2.3 instructions a weight (SASS), where the SIMT kernels' decoding and
-// products take about 6 (our estimate).
+// Eight q6 codes (q6_code_bytes' arguments) as bf16x2 pairs of code - 32 (q6_bf16x2): (e0, e2),
+// (e1, e3), (e4, e6), (e5, e7). About 2.3 instructions a weight (SASS), where the SIMT
+// decoding (EncQ6) and products take about 6 (our estimate).
 __device__ __forceinline__ void q6_pairs(uint32_t w, uint32_t hw, bool up, uint32_t (&p)[4]) {
     uint32_t ce, co;
     q6_code_bytes(w, hw, up, ce, co);
-    const uint32_t k = 0x43434343u, bias = 0x43204320u;
-    p[0] = bf16x2_sub(__byte_perm(ce, k, 0x4140), bias);
-    p[1] = bf16x2_sub(__byte_perm(co, k, 0x4140), bias);
-    p[2] = bf16x2_sub(__byte_perm(ce, k, 0x4342), bias);
-    p[3] = bf16x2_sub(__byte_perm(co, k, 0x4342), bias);
+    p[0] = q6_bf16x2(ce, false);
+    p[1] = q6_bf16x2(co, false);
+    p[2] = q6_bf16x2(ce, true);
+    p[3] = q6_bf16x2(co, true);
 }
 
 // A lane's share of one 256-column block of a tile: group t of the block for rows g and g + 8

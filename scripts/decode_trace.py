@@ -31,7 +31,6 @@ import json
 import os
 import statistics
 import tempfile
-import threading
 
 import numpy as np
 
@@ -66,25 +65,15 @@ def trace_engine(artifact: str, prompt: int, steps: int, concurrency: int) -> li
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from ninfer import Engine, SamplingParams, _core
+    from ninfer import Engine
+    from ninfer.bench import decode_streams
 
     torch.cuda.init()
     engine = Engine(artifact, device="cuda", max_concurrency=concurrency, max_context=prompt + steps + 16)
-    vocab = json.loads(_core.Artifact(artifact).header_json())["components"]["text"]["vocab_size"]
-    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
-
-    def round_(seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        prompts = [rng.integers(0, min(vocab, 150000), prompt).tolist() for _ in range(concurrency)]
-        threads = [threading.Thread(target=engine.generate, args=(p, params)) for p in prompts]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-    round_(0)  # capture the graphs and warm the caches outside the trace
+    vocab = min(engine.config["vocab_size"], 150000)
+    decode_streams(engine, concurrency, prompt, steps, vocab, 0)  # capture the graphs and warm the caches outside the trace
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        round_(1)
+        decode_streams(engine, concurrency, prompt, steps, vocab, 1000)
     engine.close()
     return kernel_events(prof)
 

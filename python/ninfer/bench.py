@@ -97,7 +97,7 @@ def _prefill(engine: Engine, n: int, vocab: int, seed: int) -> float:
     return n / (time.perf_counter() - t)
 
 
-def _decode(engine: Engine, streams: int, prompt: int, tokens: int, vocab: int, seed: int) -> float:
+def decode_streams(engine: Engine, streams: int, prompt: int, tokens: int, vocab: int, seed: int) -> float:
     """Aggregate decode tok/s of `streams` concurrent greedy requests."""
     first, last, counts = [0.0] * streams, [0.0] * streams, [0] * streams
 
@@ -143,7 +143,7 @@ def run_bench(artifact: str, device: str = "auto", reps: int = 3, prefill: tuple
             measure(f"pp{n}", "tok/s", lambda s, n=n: _prefill(engine, n, vocab, s))
         for c in concurrency:
             label = f"tg{tg_tokens}" + (f" @{tg_prompt}" if tg_prompt != 512 else "") + (f" x{c}" if c > 1 else "")
-            measure(label, "tok/s", lambda s, c=c: _decode(engine, c, tg_prompt, tg_tokens, vocab, 1000 * s), bytes_per_decode_step(artifact, c), c)
+            measure(label, "tok/s", lambda s, c=c: decode_streams(engine, c, tg_prompt, tg_tokens, vocab, 1000 * s), bytes_per_decode_step(artifact, c), c)
     finally:
         engine.close()
     return result

@@ -338,7 +338,7 @@ impl KernelSet {
         use Kernel::*;
         let mma = matches!(c.kernel, GemvQ8MmaB8 | GemvQ8MmaB16 | GemvBf16MmaB8 | GemvBf16MmaB16 | GemvQ6MmaB8 | GemvQ6MmaB16);
         c.ensure(!mma || w.cols.is_multiple_of(32), || format!("cols {} not a multiple of 32 (tensor-core gemv)", w.cols))?;
-        let q6 = c.kernel == Kernel::GemvQ6MmaB1;
+        let q6 = c.kernel == GemvQ6MmaB1;
         c.ensure(!q6 || w.cols <= 8192, || format!("cols {} past the 8192 of the q6_g64 one-row kernel", w.cols))?;
         let grid = match () {
             _ if mma => blocks(w.rows, 16),
