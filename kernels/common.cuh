@@ -163,6 +163,14 @@ __device__ __forceinline__ float warp_max1(float v) {
     return v;
 }
 
+// Word i of a 16-byte vector.
+__device__ __forceinline__ uint32_t u4_word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+    const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&r);
+}
+
 // d += A·B on the tensor cores: mma.m16n8k16, bf16 operands, f32 accumulation (PTX ISA
 // fragment layouts: lane = 4g + t holds A rows g, g+8 at k 2t, 2t+1 (a0, a1) and 2t+8, 2t+9
 // (a2, a3); B column g at k 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1); C rows g (c0, c1) and g+8

@@ -92,11 +92,6 @@ __device__ __forceinline__ uint32_t e2m1x2_bf16(uint32_t w, int p) {
     return mag | ((b << 12) & 0x8000u) | ((b << 24) & 0x80000000u);
 }
 
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-    __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
-    return *reinterpret_cast<uint32_t*>(&r);
-}
-
 // One row's share of a lane in a 32-column group: codes of columns 8t..8t+7 (4 bytes) and
 // their E4M3 scale as a bf16x2 pair.
 struct Fp4Part {

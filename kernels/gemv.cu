@@ -13,29 +13,37 @@
 //   chunks per lane and whole scale groups. Every weight row and x row must start 16-byte
 //   aligned. y must not alias x or W.
 //
-//   bf16, q8_g32 and q6_g64 have no SIMT kernels of 2-16 rows: those batches take the next
-//   two; q6_g64's b1 is the next-but-one.
+//   bf16, q8_g32 and q6_g64 have no SIMT kernels of 2-16 rows, and q6_g64 none of one row:
+//   those batches take the tensor-core kernels below.
 //
-// ninfer_gemv_<enc>_mma_b<NB>  (enc: bf16, q8_g32, q6_g64; NB: 8, 16)
+// ninfer_gemv_<enc>_mma_b<NB>  (enc: bf16, q8_g32; NB: 8, 16)
 //   The contract above for batches of 2-8 (b8) and 9-16 (b16) rows, on the tensor cores:
-//   mma.m16n8k16 with bf16 operands and f32 accumulation. bf16 weights, int8 codes and q6
-//   codes minus 32 are exact in bf16 and x is bf16, so each product is exact; the two MMAs of a
-//   32-column group are summed from zero and scaled by the group's f16 scale in f32 (q8's own,
-//   or the scale of the q6 64-column group it halves). K must be a multiple of 32 (64 for
-//   q6_g64). Launch: block 256 = 8 warps on one 16-row tile, warp w taking the 32-column
-//   groups w, w+8, ... and the warps' partials summed in shared memory in warp order; grid
-//   ceil(N / 16).
+//   mma.m16n8k16 with bf16 operands and f32 accumulation. bf16 weights and int8 codes are
+//   exact in bf16 and x is bf16, so each product is exact; the two MMAs of a 32-column group
+//   are summed from zero and scaled by the group's f16 scale in f32. K must be a multiple of
+//   32. Launch: block 256 = 8 warps on one 16-row tile, warp w taking the 32-column groups w,
+//   w+8, ... and the warps' partials summed in shared memory in warp order; grid ceil(N / 16).
 //
-// ninfer_gemv_q6_g64_mma_b1  (batch 1, K % 64 == 0, K <= 8192)
+// ninfer_gemv_q6_g64_mma_b2 / _b4  (batches of 1-2 and 3-4 rows; K % 64 == 0, NB * K <= 32768)
 //   The contract above on the tensor cores (mma.m16n8k16, bf16 operands, f32 accumulation).
 //   Each code is exact in bf16 as code - 32 and x is bf16, so every product is exact; a row's
 //   64-column group is summed from zero and scaled by its f16 scale in f32. A warp owns 16-row
-//   tiles (tile w of the grid's warps, then every 8 * gridDim.x-th), walking K in blocks of
-//   256 columns: lane 4g + t holds group t of the block for rows g and g + 8, and column n of
-//   the B operand holds x at group n's columns (zero at the others), so that the accumulator's
-//   column n is group n's sum. The decoding takes about half the instructions per weight of
-//   the SIMT kernels, which bound the head (docs/performance.md). Launch: block 256, grid
-//   ceil(ceil(N / 16) / 8) or fewer blocks.
+//   tiles (tile w of the grid's warps, then every 8 * gridDim.x-th), walking K in blocks of 256
+//   columns: lane 4g + t holds group t of the block for rows g and g + 8 (16-byte loads), and
+//   in MMA column tile c (NB / 2 of them) B's column 4r + q holds x row 2c + r at group q's
+//   columns (zero at the others), so that the accumulator's column 4r + q is group q's sum for
+//   that row. x sits in shared memory, every row in MMA order (dynamic: 16 * (8 + NB *
+//   ceil(K / 256) * 32) bytes). The decoding takes about half the instructions per weight of
+//   the SIMT kernels, which bounded the head (docs/performance.md).
+//
+// ninfer_gemv_q6_g64_mma_b8 / _b16  (batches of 5-8 and 9-16 rows; K % 64 == 0)
+//   The same on the tensor cores with the batch rows as B's columns (8 per MMA tile), where the
+//   b2 and b4 layout would take NB / 2 tiles per step: every k16 step stays within one group
+//   (lane 4g + t holds columns 16t..16t+15 of rows g and g + 8, 8-byte loads), four groups of
+//   loads in flight per lane, x read from L1.
+//
+//   All four: launch block 256, grid ceil(ceil(N / 16) / 8) or fewer blocks (those resident at
+//   once).
 //
 // Dependent launch (common.cuh): the dense kernels load their first weight chunks and ask L2
 // for the rest of their rows before grid_wait(), so a projection's weights stream in while the
@@ -121,45 +129,6 @@ struct MmaQ8 {
     __device__ static void a_regs(const Group& w, int st, uint32_t (&a)[4]) {
         i8x4_bf16(st ? w.q[0].y : w.q[0].x, a[0], a[2]);
         i8x4_bf16(st ? w.q[1].y : w.q[1].x, a[1], a[3]);
-    }
-    __device__ static float scale(const Group& w, int h) { return f16_bits_to_f(w.s[h]); }
-};
-
-// q6_g64's share of a lane: the 8 codes of each row (4 bytes of low nibbles, 16 high bits)
-// and the scale of the row's 64-column group, which both of its 32-column halves apply.
-struct MmaQ6 {
-    static constexpr bool SCALED = true;
-    struct Group { uint32_t q[2]; uint16_t h[2]; uint16_t s[2]; };
-    __device__ static Group load(const Mat& m, int row0, int g, int t, int grp) {
-        Group r;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const size_t row = min(row0 + g + 8 * h, m.rows - 1);
-            const uint8_t* ql = static_cast<const uint8_t*>(m.p0) + row * (m.cols / 2) + grp * 16 + 4 * t;
-            asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r.q[h]) : "l"(ql));
-            r.h[h] = __ldg(reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(m.p1) + row * (m.cols / 4) + grp * 8 + 2 * t));
-            r.s[h] = __ldg(static_cast<const uint16_t*>(m.p2) + row * (m.cols / 64) + grp / 2);
-        }
-        return r;
-    }
-    // Row h's codes as bf16x2 pairs of code - 32 in column order: (e0, e1) .. (e6, e7).
-    __device__ static void pairs(const Group& w, int h, uint32_t (&p)[4]) {
-        uint32_t ce, co;
-        q6_code_bytes(w.q[h], w.h[h], false, ce, co);
-        const uint32_t lo = __byte_perm(ce, co, 0x5140), hi = __byte_perm(ce, co, 0x7362);  // e0..e3, e4..e7
-        p[0] = q6_bf16x2(lo, false);
-        p[1] = q6_bf16x2(lo, true);
-        p[2] = q6_bf16x2(hi, false);
-        p[3] = q6_bf16x2(hi, true);
-    }
-    __device__ static void a_regs(const Group& w, int st, uint32_t (&a)[4]) {
-        uint32_t p0[4], p1[4];
-        pairs(w, 0, p0);
-        pairs(w, 1, p1);
-        a[0] = p0[2 * st];
-        a[2] = p0[2 * st + 1];
-        a[1] = p1[2 * st];
-        a[3] = p1[2 * st + 1];
     }
     __device__ static float scale(const Group& w, int h) { return f16_bits_to_f(w.s[h]); }
 };
@@ -308,17 +277,21 @@ __device__ __forceinline__ Q6Part q6_load(const Mat& m, int tile, int blk, int g
     return p;
 }
 
-__device__ __forceinline__ uint32_t u4_word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-__device__ __forceinline__ void gemv_q6_mma_b1(const GemvArgs& a) {
-    // x in MMA order: unit c (columns 8c .. 8c + 7) as (x0, x2), (x1, x3), (x4, x6), (x5, x7),
-    // zero past K (those columns' codes are a clamped group's: finite, times zero); `zero` is
-    // what the lanes off the B operand's diagonal read instead.
-    __shared__ uint4 xs[8192 / 8];
-    __shared__ uint4 zero[8];
+// The q6_g64 kernels' body for batches of up to 2 * NT rows (header, b2 and b4): B's column n = 4r + q
+// holds batch row 2c + r (n tile c) at the columns of the block's group q, zero at the others.
+template <int NT>
+__device__ __forceinline__ void gemv_q6_mma_rows(const GemvArgs& a) {
+    // x in MMA order, row after row: unit u of a row (columns 8u .. 8u + 7) as (x0, x2),
+    // (x1, x3), (x4, x6), (x5, x7), zero past K (those columns' codes are a clamped group's:
+    // finite, times zero) and in the rows past the batch; `zero` is what the lanes off the B
+    // operand's diagonal read instead.
+    extern __shared__ uint4 q6_smem[];
+    uint4* zero = q6_smem;
+    uint4* xs = q6_smem + 8;
     grid_release();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int tiles = (a.m.rows + 15) / 16, blocks_k = (a.m.cols + Q6_BLOCK - 1) / Q6_BLOCK;
+    const int units = blocks_k * (Q6_BLOCK / 8);
     const int stride = gridDim.x * 8;
     const int tile0 = blockIdx.x * 8 + (threadIdx.x >> 5);
     Q6Part buf[Q6_AHEAD];
@@ -334,51 +307,164 @@ __device__ __forceinline__ void gemv_q6_mma_b1(const GemvArgs& a) {
     for (int i = 0; i < Q6_AHEAD; ++i) issue(i);
     grid_wait();
     if (threadIdx.x < 8) zero[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
-    for (int c = threadIdx.x; c < blocks_k * (Q6_BLOCK / 8); c += blockDim.x) {
+    for (int c = threadIdx.x; c < 2 * NT * units; c += blockDim.x) {
+        const int b = c / units, u = c - b * units;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (c < a.m.cols / 8) v = ldg16(a.x + (size_t)c * 8);
+        if (b < a.batch && u < a.m.cols / 8) v = ldg16(a.x + (size_t)b * a.ldx + (size_t)u * 8);
         xs[c] = make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632), __byte_perm(v.z, v.w, 0x5410),
                            __byte_perm(v.z, v.w, 0x7632));
     }
     __syncthreads();
-    float acc[2] = {0.f, 0.f};
+    // acc[c][h]: row g + 8h of batch row 2c + t / 2, this lane's two groups of each block.
+    float acc[NT][2];
+#pragma unroll
+    for (int c = 0; c < NT; ++c) acc[c][0] = acc[c][1] = 0.f;
     for (int utile = tile0, ublk = 0; utile < tiles;) {
 #pragma unroll
         for (int i = 0; i < Q6_AHEAD; ++i) {
             if (utile >= tiles) break;
             const Q6Part cur = buf[i];
             issue(i);
-            // B: x at this lane's group if the lane is on the diagonal (column g = group t).
-            const uint4* xb = g == t ? xs + (ublk * 4 + t) * 8 : zero;
-            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            // B: x row 2c + g / 4 at this lane's group if the lane is on the diagonal (g % 4 == t).
+            const uint4* xb = (g & 3) == t ? xs + (g >> 2) * units + (ublk * 4 + t) * 8 : zero;
+            const int step = (g & 3) == t ? 2 * units : 0;
+            float d[NT][4];
+#pragma unroll
+            for (int c = 0; c < NT; ++c) d[c][0] = d[c][1] = d[c][2] = d[c][3] = 0.f;
 #pragma unroll
             for (int u = 0; u < 8; ++u) {
                 uint32_t p0[4], p1[4];
                 q6_pairs(u4_word(cur.ql[0][u / 4], u % 4), u4_word(cur.qh[0], u / 2), u % 2, p0);
                 q6_pairs(u4_word(cur.ql[1][u / 4], u % 4), u4_word(cur.qh[1], u / 2), u % 2, p1);
-                const uint4 xv = xb[u];
-                mma_bf16(d, p0[0], p1[0], p0[1], p1[1], xv.x, xv.y);
-                mma_bf16(d, p0[2], p1[2], p0[3], p1[3], xv.z, xv.w);
-            }
-            // d: rows g (d0, d1) and g + 8 (d2, d3) at groups 2t, 2t + 1 of the block, for t < 2
-            // (a group past K sums to zero, times its neighbour's finite scale).
-            if (t < 2) {
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    acc[h] = fmaf(d[2 * h], f16_bits_to_f(cur.s[h][0]), acc[h]);
-                    acc[h] = fmaf(d[2 * h + 1], f16_bits_to_f(cur.s[h][1]), acc[h]);
+                for (int c = 0; c < NT; ++c) {
+                    const uint4 xv = xb[c * step + u];
+                    mma_bf16(d[c], p0[0], p1[0], p0[1], p1[1], xv.x, xv.y);
+                    mma_bf16(d[c], p0[2], p1[2], p0[3], p1[3], xv.z, xv.w);
                 }
+            }
+            // d[c]: rows g (d0, d1) and g + 8 (d2, d3) at columns 2t, 2t + 1: batch row
+            // 2c + t / 2, groups 2(t % 2), 2(t % 2) + 1 of the block (a group past K sums to
+            // zero, times its neighbour's finite scale).
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float s0 = f16_bits_to_f(cur.s[h][0]), s1 = f16_bits_to_f(cur.s[h][1]);
+#pragma unroll
+                for (int c = 0; c < NT; ++c) acc[c][h] = fmaf(d[c][2 * h + 1], s1, fmaf(d[c][2 * h], s0, acc[c][h]));
             }
             if (++ublk == blocks_k) {
-                // Lanes t = 0 and 1 hold the row's even and odd groups: their sum goes to lane 0.
+                // Lanes t and t ^ 1 hold a row's even and odd groups: their sum goes to the even one.
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const float v = acc[h] + __shfl_xor_sync(0xffffffffu, acc[h], 1);
-                    const int row = utile * 16 + g + 8 * h;
-                    if (t == 0 && row < a.m.rows) store_out(a.y, row, v, a.out_f32, a.accumulate);
-                    acc[h] = 0.f;
-                }
+                for (int c = 0; c < NT; ++c)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const float v = acc[c][h] + __shfl_xor_sync(0xffffffffu, acc[c][h], 1);
+                        const int row = utile * 16 + g + 8 * h, b = 2 * c + t / 2;
+                        if ((t & 1) == 0 && row < a.m.rows && b < a.batch)
+                            store_out(a.y, (size_t)b * a.ldy + row, v, a.out_f32, a.accumulate);
+                        acc[c][h] = 0.f;
+                    }
                 ublk = 0;
+                utile += stride;
+            }
+        }
+    }
+}
+
+#define Q6B_AHEAD 4  // 64-column groups of loads in flight per lane
+
+// A lane's share of one 64-column group of a 16-row tile: columns 16t..16t+15 of rows g and
+// g + 8 (8 bytes of low nibbles, 32 high bits, the group's scale).
+struct Q6Slice {
+    uint2 ql[2];
+    uint32_t qh[2];
+    uint16_t s[2];
+};
+
+__device__ __forceinline__ Q6Slice q6_slice_load(const Mat& m, int tile, int grp, int g, int t) {
+    Q6Slice p;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        // Rows past the matrix read its last row; their outputs are not stored.
+        const size_t row = min(tile * 16 + g + 8 * h, m.rows - 1);
+        const uint8_t* ql = static_cast<const uint8_t*>(m.p0) + row * (m.cols / 2) + grp * 32 + 8 * t;
+        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(p.ql[h].x), "=r"(p.ql[h].y) : "l"(ql));
+        p.qh[h] = __ldg(reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(m.p1) + row * (m.cols / 4) + grp * 16 + 4 * t));
+        p.s[h] = __ldg(static_cast<const uint16_t*>(m.p2) + row * (m.cols / 64) + grp);
+    }
+    return p;
+}
+
+// The q6_g64 kernels' body for batches of up to 8 * NT rows (header): the batch rows are B's
+// columns, 8 per MMA tile, and every k16 step stays within one group.
+template <int NT>
+__device__ __forceinline__ void gemv_q6_mma_cols(const GemvArgs& a) {
+    grid_release();
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int tiles = (a.m.rows + 15) / 16, groups = a.m.cols / 64;
+    const int stride = gridDim.x * 8;
+    const int tile0 = blockIdx.x * 8 + (threadIdx.x >> 5);
+    Q6Slice buf[Q6B_AHEAD];
+    int ltile = tile0, lgrp = 0;  // the next load
+    auto issue = [&](int i) {
+        if (ltile < tiles) buf[i] = q6_slice_load(a.m, ltile, lgrp, g, t);
+        if (++lgrp == groups) {
+            lgrp = 0;
+            ltile += stride;
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < Q6B_AHEAD; ++i) issue(i);
+    grid_wait();
+    // B columns: x rows 8c + g (none past the batch: zeros).
+    const bf16* xr[NT];
+#pragma unroll
+    for (int c = 0; c < NT; ++c) xr[c] = 8 * c + g < a.batch ? a.x + (size_t)(8 * c + g) * a.ldx + 16 * t : nullptr;
+    float acc[NT][4];
+#pragma unroll
+    for (int c = 0; c < NT; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
+    for (int utile = tile0, ugrp = 0; utile < tiles;) {
+#pragma unroll
+        for (int i = 0; i < Q6B_AHEAD; ++i) {
+            if (utile >= tiles) break;
+            const Q6Slice cur = buf[i];
+            issue(i);
+            float d[NT][4];
+#pragma unroll
+            for (int c = 0; c < NT; ++c) d[c][0] = d[c][1] = d[c][2] = d[c][3] = 0.f;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                // Word j: columns 16t + 8j .. + 7 as (e0, e2), (e1, e3), (e4, e6), (e5, e7), two
+                // k16 steps in the k order of the kernels above, x in the same order.
+                uint32_t p0[4], p1[4];
+                q6_pairs(j ? cur.ql[0].y : cur.ql[0].x, cur.qh[0], j, p0);
+                q6_pairs(j ? cur.ql[1].y : cur.ql[1].x, cur.qh[1], j, p1);
+#pragma unroll
+                for (int c = 0; c < NT; ++c) {
+                    const uint4 v = xr[c] ? ldg16(xr[c] + ugrp * 64 + 8 * j) : make_uint4(0u, 0u, 0u, 0u);
+                    mma_bf16(d[c], p0[0], p1[0], p0[1], p1[1], __byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632));
+                    mma_bf16(d[c], p0[2], p1[2], p0[3], p1[3], __byte_perm(v.z, v.w, 0x5410), __byte_perm(v.z, v.w, 0x7632));
+                }
+            }
+            // d: rows g (d0, d1) and g + 8 (d2, d3) of batch columns 8c + 2t, + 1: the group's sum.
+            const float s0 = f16_bits_to_f(cur.s[0]), s1 = f16_bits_to_f(cur.s[1]);
+#pragma unroll
+            for (int c = 0; c < NT; ++c) {
+                acc[c][0] = fmaf(d[c][0], s0, acc[c][0]);
+                acc[c][1] = fmaf(d[c][1], s0, acc[c][1]);
+                acc[c][2] = fmaf(d[c][2], s1, acc[c][2]);
+                acc[c][3] = fmaf(d[c][3], s1, acc[c][3]);
+            }
+            if (++ugrp == groups) {
+#pragma unroll
+                for (int c = 0; c < NT; ++c)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        const int row = utile * 16 + g + 8 * (r / 2), b = 8 * c + 2 * t + (r & 1);
+                        if (row < a.m.rows && b < a.batch) store_out(a.y, (size_t)b * a.ldy + row, acc[c][r], a.out_f32, a.accumulate);
+                        acc[c][r] = 0.f;
+                    }
+                ugrp = 0;
                 utile += stride;
             }
         }
@@ -405,8 +491,11 @@ NINFER_GEMV(bf16, EncBf16, 1)
     }
 NINFER_GEMV_MMA(bf16, MmaBf16)
 NINFER_GEMV_MMA(q8_g32, MmaQ8)
-NINFER_GEMV_MMA(q6_g64, MmaQ6)
 NINFER_GEMV(q8_g32, EncQ8, 1)
-extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q6_g64_mma_b1(GemvArgs a) { gemv_q6_mma_b1(a); }
+// Two blocks per SM (at most 128 registers).
+extern "C" __global__ void __launch_bounds__(256, 2) ninfer_gemv_q6_g64_mma_b2(GemvArgs a) { gemv_q6_mma_rows<1>(a); }
+extern "C" __global__ void __launch_bounds__(256, 2) ninfer_gemv_q6_g64_mma_b4(GemvArgs a) { gemv_q6_mma_rows<2>(a); }
+extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q6_g64_mma_b8(GemvArgs a) { gemv_q6_mma_cols<1>(a); }
+extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q6_g64_mma_b16(GemvArgs a) { gemv_q6_mma_cols<2>(a); }
 NINFER_GEMV_ALL(q4_g32, EncQ4)
 NINFER_GEMV_ALL(nvfp4, EncNvfp4)

@@ -1,6 +1,6 @@
-//! Launchers of kernels/experts.cu: the MoE experts per slot (decode, every encoding), those of a
-//! prompt pass grouped by expert (NVFP4 banks on the tensor cores), and the sum of each token's
-//! slots into the residual.
+//! Launchers of kernels/experts.cu and experts_batch.cu: the MoE experts per slot (decode, every
+//! encoding), gate/up of a decode batch and the experts of a prompt pass grouped by expert (NVFP4
+//! banks on the tensor cores), and the sum of each token's slots into the residual.
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDrop};
 use half::bf16;
@@ -13,6 +13,10 @@ use crate::table::Kernel;
 
 /// The most tokens a grouped launch takes (an expert's slot list lives in shared memory).
 pub const GROUPED_MAX_TOKENS: usize = 1024;
+/// The most tokens a batch gate_up launch takes (MMA_EXPERT_MAX_TOKENS in experts_batch.cu).
+pub const BATCH_MAX_TOKENS: usize = 16;
+/// The warps of a batch gate_up block (MMA_EXPERT_WARPS in experts_batch.cu).
+const BATCH_WARPS: usize = 4;
 /// The most a grouped kernel's K (H for gate_up, I for down) may be: 8 warps × 8 groups of 32.
 const GROUPED_MAX_K: usize = 2048;
 
@@ -170,6 +174,37 @@ impl KernelSet {
         let (gx, gy) = expert_grid(bank, shared, bank.rows);
         let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         self.launch_struct(stream, c.kernel, cfg, &args)
+    }
+
+    /// [`KernelSet::moe_gate_up`]'s output for a decode batch of at most
+    /// [`BATCH_MAX_TOKENS`] tokens of an NVFP4 bank (`[E, 2I, H]`) routed by `ids`
+    /// `[tokens·topk]`, and the shared expert (`[2I, H]`, same encoding): each chosen expert
+    /// runs once on the tensor cores, for every slot that chose it. A token's ids must be
+    /// distinct, as [`KernelSet::moe_route`] makes them; H must be a multiple of 128.
+    pub fn moe_gate_up_batch(
+        &self,
+        stream: &CudaStream,
+        bank: &MatrixView,
+        shared: Option<&MatrixView>,
+        x: &impl DevicePtr<bf16>,
+        ldx: usize,
+        (tokens, topk): (usize, usize),
+        ids: &impl DevicePtr<i32>,
+        out: &mut impl DevicePtrMut<bf16>,
+    ) -> Result<()> {
+        let kernel = if tokens <= 8 { Kernel::MoeGateUpMmaNvfp4B8 } else { Kernel::MoeGateUpMmaNvfp4B16 };
+        let c = Check::new(kernel);
+        c.ensure(matches!(bank.weights, crate::Weights::Nvfp4 { .. }), || "the batch expert kernels take NVFP4 banks".to_string())?;
+        c.ensure(tokens <= BATCH_MAX_TOKENS, || format!("{tokens} tokens, at most {BATCH_MAX_TOKENS} per batch launch"))?;
+        c.ensure(bank.cols.is_multiple_of(128), || format!("H = {} is not a multiple of 128", bank.cols))?;
+        c.ensure(bank.rows.is_multiple_of(32), || format!("gate_up rows {} are not 2·I with I % 16 == 0", bank.rows))?;
+        c.len("ids", ids.len(), tokens * topk)?;
+        let (ip, _gi) = dptr(ids, stream);
+        let grid = |_, inter: usize| {
+            let gx = tokens * topk + shared.is_some() as usize;
+            Ok((c.i32("slots", gx)? as u32, (inter / 16) as u32, 32 * BATCH_WARPS as u32))
+        };
+        self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, [ip, 0, 0]), out, grid)
     }
 
     /// `y[t] = bf16(y[t] + bf16(Σ_j part[t·topk + j] + part[tokens·topk + t]))` over `dim`

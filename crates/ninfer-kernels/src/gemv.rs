@@ -240,7 +240,7 @@ fn gemv_kernel(enc: Encoding, batch: usize) -> Kernel {
     let row: [Kernel; 5] = match enc {
         Encoding::Bf16 => [GemvBf16B1, GemvBf16MmaB8, GemvBf16MmaB8, GemvBf16MmaB8, GemvBf16MmaB16],
         Encoding::Q8G32 => [GemvQ8B1, GemvQ8MmaB8, GemvQ8MmaB8, GemvQ8MmaB8, GemvQ8MmaB16],
-        Encoding::Q6G64 => [GemvQ6MmaB1, GemvQ6MmaB8, GemvQ6MmaB8, GemvQ6MmaB8, GemvQ6MmaB16],
+        Encoding::Q6G64 => [GemvQ6MmaB2, GemvQ6MmaB2, GemvQ6MmaB4, GemvQ6MmaB8, GemvQ6MmaB16],
         Encoding::Q4G32 => [GemvQ4B1, GemvQ4B2, GemvQ4B4, GemvQ4B8, GemvQ4B16],
         Encoding::Nvfp4 => [
             GemvNvfp4B1,
@@ -263,6 +263,10 @@ pub(crate) fn span(rows: usize, dim: usize, ld: usize) -> usize {
 }
 
 pub(crate) const ROWS_PER_BLOCK: usize = 8;
+
+/// The most x elements (batch slots of the kernel times K) the q6_g64 kernels of 2 and 4 rows
+/// hold in shared memory: 64 KiB of bf16, 4 rows of 8,192 or 2 of 16,384.
+const Q6_X_ELEMENTS: usize = 32_768;
 
 impl KernelSet {
     /// The grid of a one-warp-per-row product (block 256, 8 rows per block) over `rows`: one
@@ -333,22 +337,34 @@ impl KernelSet {
             accumulate: accumulate as i32,
             pad: 0,
         };
-        // The tensor-core kernels take 16 rows per block (K in 32-column groups); q6_g64's one
-        // row streams 16-row tiles per warp, with x in shared memory (K <= 8192).
+        // The bf16 and q8_g32 tensor-core kernels take 16 rows per block (K in 32-column
+        // groups); q6_g64's stream 16-row tiles per warp, with the batch's x in shared memory.
         use Kernel::*;
-        let mma = matches!(c.kernel, GemvQ8MmaB8 | GemvQ8MmaB16 | GemvBf16MmaB8 | GemvBf16MmaB16 | GemvQ6MmaB8 | GemvQ6MmaB16);
+        let mma = matches!(c.kernel, GemvQ8MmaB8 | GemvQ8MmaB16 | GemvBf16MmaB8 | GemvBf16MmaB16);
         c.ensure(!mma || w.cols.is_multiple_of(32), || format!("cols {} not a multiple of 32 (tensor-core gemv)", w.cols))?;
-        let q6 = c.kernel == GemvQ6MmaB1;
-        c.ensure(!q6 || w.cols <= 8192, || format!("cols {} past the 8192 of the q6_g64 one-row kernel", w.cols))?;
+        let q6 = matches!(c.kernel, GemvQ6MmaB2 | GemvQ6MmaB4 | GemvQ6MmaB8 | GemvQ6MmaB16);
+        let q6_rows = match c.kernel {
+            GemvQ6MmaB2 => 2,
+            GemvQ6MmaB4 => 4,
+            _ => 0,
+        };
+        c.ensure(q6_rows * w.cols <= Q6_X_ELEMENTS, || {
+            format!("{q6_rows} rows of {} columns past the {Q6_X_ELEMENTS} x elements of the q6_g64 kernels", w.cols)
+        })?;
+        // b2 and b4: x rows in 256-column blocks of 16-byte units, after 8 zero units (gemv.cu).
+        let smem = if q6_rows > 0 { (8 + q6_rows * w.cols.div_ceil(256) * 32) * 16 } else { 0 };
         let grid = match () {
             _ if mma => blocks(w.rows, 16),
-            _ if q6 => self.row_grid(c.kernel, w.rows.div_ceil(16)),
+            _ if q6 => {
+                let per_sm = self.function(c.kernel).occupancy_max_active_blocks_per_multiprocessor(256, smem, None)?;
+                blocks(w.rows.div_ceil(16), ROWS_PER_BLOCK).min((per_sm as usize).max(1) as u32 * self.num_sms() as u32)
+            }
             _ => self.row_grid(c.kernel, w.rows),
         };
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem as u32,
         };
         self.launch_struct(stream, c.kernel, cfg, &args)
     }

@@ -47,7 +47,7 @@ pub use attention::{
     attention_workspace_len, AttentionBatch, AttnTiles, PagedKv, ATTN_MAX_DIM, ATTN_MAX_SPLITS,
 };
 #[cfg(feature = "build-cubins")]
-pub use experts::GROUPED_MAX_TOKENS;
+pub use experts::{BATCH_MAX_TOKENS, GROUPED_MAX_TOKENS};
 #[cfg(feature = "build-cubins")]
 pub use fused::ConvTail;
 #[cfg(feature = "build-cubins")]

@@ -50,7 +50,8 @@ kernel_table! {
     GemvQ8B1 => "gemv", "ninfer_gemv_q8_g32_b1";
     GemvQ8MmaB8 => "gemv", "ninfer_gemv_q8_g32_mma_b8";
     GemvQ8MmaB16 => "gemv", "ninfer_gemv_q8_g32_mma_b16";
-    GemvQ6MmaB1 => "gemv", "ninfer_gemv_q6_g64_mma_b1";
+    GemvQ6MmaB2 => "gemv", "ninfer_gemv_q6_g64_mma_b2";
+    GemvQ6MmaB4 => "gemv", "ninfer_gemv_q6_g64_mma_b4";
     GemvQ6MmaB8 => "gemv", "ninfer_gemv_q6_g64_mma_b8";
     GemvQ6MmaB16 => "gemv", "ninfer_gemv_q6_g64_mma_b16";
     GemvQ4B1 => "gemv", "ninfer_gemv_q4_g32_b1";
@@ -77,6 +78,8 @@ kernel_table! {
     MoeGateUpGroupedNvfp4 => "experts", "ninfer_moe_gate_up_grouped_nvfp4";
     MoeDownGroupedNvfp4 => "experts", "ninfer_moe_down_grouped_nvfp4";
     MoeCombine => "experts", "ninfer_moe_combine";
+    MoeGateUpMmaNvfp4B8 => "experts_batch", "ninfer_moe_gate_up_mma_nvfp4_b8";
+    MoeGateUpMmaNvfp4B16 => "experts_batch", "ninfer_moe_gate_up_mma_nvfp4_b16";
     EmbedBf16 => "embed", "ninfer_embed_bf16";
     EmbedQ8 => "embed", "ninfer_embed_q8_g32";
     QkNormRope => "rope", "ninfer_qk_norm_rope";

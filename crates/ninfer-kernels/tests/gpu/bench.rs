@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ninfer_kernels::cudarc::driver::{sys::CUevent_flags, CudaStream};
 use ninfer_kernels::{
-    attention_workspace_len, bf16, AttentionBatch, AttnTiles, DeltaForm, GdnDims, HeadLayout, MatrixView, PagedKv, Routing,
+    attention_workspace_len, bf16, AttentionBatch, AttnTiles, BATCH_MAX_TOKENS, DeltaForm, GdnDims, HeadLayout, MatrixView, PagedKv, Routing,
     SamplingRow, SeqSlots, Weights,
 };
 
@@ -215,7 +215,7 @@ fn bench_moe_prompt() {
     let sdn = HostMat::random(Enc::Nvfp4, 1, h, i, 1, &mut rng).upload(&s);
     let (gu, dn, sguv, sdnv) = (gu.view(), dn.view(), sgu.view(), sdn.view());
     const ROUTINGS: usize = 8;
-    for t in [4usize, 16, 64, 512] {
+    for t in [2usize, 4, 8, 16, 64, 512] {
         let x = up(&s, &rng.bf16s(t * h, 1.0));
         let ids: Vec<_> = (0..ROUTINGS)
             .map(|_| up(&s, &(0..t).flat_map(|_| rng.distinct(e, k)).map(|v| v as i32).collect::<Vec<_>>()))
@@ -238,6 +238,17 @@ fn bench_moe_prompt() {
             g.ks.moe_down_grouped(&s, &dn, Some(&sdnv), &m, t, k, &ids[r], &w, &mut part).unwrap();
             g.ks.moe_combine(&s, &part, &ids[r], t, k, e, true, &mut y, h, h).unwrap();
         });
+        if t <= BATCH_MAX_TOKENS {
+            let batch = time_rotating(&s, ROUTINGS, 16, |r| {
+                g.ks.moe_gate_up_batch(&s, &gu, Some(&sguv), &x, h, (t, k), &ids[r], &mut m).unwrap();
+            });
+            let batch_down = time_rotating(&s, ROUTINGS, 16, |r| {
+                g.ks.moe_gate_up_batch(&s, &gu, Some(&sguv), &x, h, (t, k), &ids[r], &mut m).unwrap();
+                g.ks.moe_down(&s, &dn, Some(&sdnv), &m, (t, k), &table(r), &mut y, h, true).unwrap();
+            });
+            report(&format!("moe experts T={t} batch gate_up alone"), batch, 0.0);
+            report(&format!("moe experts T={t} batch gate_up + per-slot down"), batch_down, 0.0);
+        }
         report(&format!("moe experts T={t} per-slot"), per_slot, 0.0);
         report(&format!("moe experts T={t} per-slot, gate_up alone"), gate_up, 0.0);
         report(&format!("moe experts T={t} grouped"), grouped, 0.0);

@@ -122,6 +122,13 @@ fn gemv_rejects_bad_arguments() {
         g.ks.gemv(&s, &bad.view(), &x, 1, 64, &mut y, 16).is_err(),
         "cols not a multiple of 32"
     );
+    let q6 = HostMat::random(Enc::Q6, 1, 16, 16384, 1, &mut rng).upload(&s);
+    let x4 = up(&s, &rng.bf16s(4 * 16384, 1.0));
+    let mut y4 = nan_f32(&s, 4 * 16);
+    assert!(
+        g.ks.gemv(&s, &q6.view(), &x4, 3, 16384, &mut y4, 16).is_err(),
+        "3 rows of 16,384: past the q6_g64 kernel's shared memory"
+    );
 }
 
 /// The normed product against the two launches it replaces (the same bits) and against the CPU.

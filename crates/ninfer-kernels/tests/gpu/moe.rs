@@ -1,6 +1,7 @@
-//! moe.cu (router) and experts.cu: the per-slot expert-bank kernels and the grouped ones.
+//! moe.cu (router), experts.cu and experts_batch.cu: the per-slot expert-bank kernels, the
+//! batch gate_up and the grouped ones.
 
-use ninfer_kernels::{bf16, Routing, GROUPED_MAX_TOKENS};
+use ninfer_kernels::{bf16, Routing, BATCH_MAX_TOKENS, GROUPED_MAX_TOKENS};
 
 use crate::common::*;
 use crate::mats::*;
@@ -71,6 +72,14 @@ fn bank_case(
     }
     let got_m = down(&s, &m);
     assert_close(&format!("{name} gate_up"), &to_f32(&got_m), &want_m, 1e-2);
+
+    // The batch gate_up of a decode batch (NVFP4): the same output, each expert run once.
+    if enc == Enc::Nvfp4 && tokens <= BATCH_MAX_TOKENS && hidden.is_multiple_of(128) {
+        let mut mb = nan_bf16(&s, slots * inter);
+        g.ks.moe_gate_up_batch(&s, &dgu.view(), shared.then_some(&shared_gu), &dx, hidden, (tokens, topk), &dids, &mut mb)
+            .unwrap();
+        assert_close(&format!("{name} gate_up batch"), &to_f32(&down(&s, &mb)), &want_m, 1e-2);
+    }
 
     // down: weighted sum over each token's slots, from the kernel's own gate_up output.
     let mf = to_f32(&got_m);
@@ -205,6 +214,34 @@ fn gate_up_zeroes_invalid_expert_ids() {
         got[32..].iter().all(|v| *v == bf16::ZERO),
         "ids -1 and 4 (>= E) must give zero rows"
     );
+}
+
+#[test]
+fn gate_up_batch_zeroes_invalid_ids_and_shares_experts() {
+    // Three tokens of four ids over 6 experts: expert 2 named by every token, ids -1 and 6
+    // (>= E) in the middle of a token's list.
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(431);
+    let (experts, inter, hidden, topk, tokens) = (6, 32, 128, 4, 3);
+    let gu = HostMat::random(Enc::Nvfp4, experts, 2 * inter, hidden, 2, &mut rng);
+    let x = rng.bf16s(tokens * hidden, 1.0);
+    let ids = [2i32, -1, 0, 5, 1, 2, 6, 3, 2, 4, 0, 1];
+    let (dgu, dx, dids) = (gu.upload(&s), up(&s, &x), up(&s, &ids));
+    let mut m = nan_bf16(&s, ids.len() * inter);
+    g.ks.moe_gate_up_batch(&s, &dgu.view(), None, &dx, hidden, (tokens, topk), &dids, &mut m).unwrap();
+    let got = to_f32(&down(&s, &m));
+    for (slot, &e) in ids.iter().enumerate() {
+        let row = &got[slot * inter..(slot + 1) * inter];
+        if !(0..experts as i32).contains(&e) {
+            assert!(row.iter().all(|&v| v == 0.0), "slot {slot} (id {e}) must be a zero row");
+            continue;
+        }
+        let t = slot / topk;
+        let y = matvec(&gu.dequant_expert(e as usize), 2 * inter, hidden, &to_f32(&x[t * hidden..(t + 1) * hidden]));
+        let want: Vec<f32> = (0..inter).map(|j| bf(bf(silu(bf(y[j]) as f64) as f32) * bf(y[inter + j]))).collect();
+        assert_close(&format!("batch gate_up slot {slot} (expert {e})"), row, &want, 1e-2);
+    }
 }
 
 fn ref_route(logits: &[f32], experts: usize, topk: usize) -> (Vec<i32>, Vec<f32>) {
