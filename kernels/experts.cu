@@ -65,7 +65,7 @@
 //   [tokens, ldy], the residual)
 //   y[t, n] = bf16(y[t, n] + bf16(sum_j part[t*topk + j, n] + part[tokens*topk + t, n])), the
 //   routed slots in order j, then the shared slot; slots whose id is outside [0, E) add
-//   nothing. Launch: block 256, grid tokens.
+//   nothing. Launch: block 256, grid (tokens, ceil(dim / 256)) (or fewer on y: blocks stride).
 //
 // A token's topk ids are distinct (as routing makes them), so an expert lists at most `tokens`
 // slots. Limits (checked by the launchers): tokens <= 1024; the MMA's K (H for gate_up, I for down)
@@ -275,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_moe_combine(CombineArgs
     grid_release();
     grid_wait();
     const int t = blockIdx.x;
-    for (int n = threadIdx.x; n < a.dim; n += blockDim.x) {
+    for (int n = blockIdx.y * blockDim.x + threadIdx.x; n < a.dim; n += gridDim.y * blockDim.x) {
         float r = 0.f;
         for (int j = 0; j < a.topk; ++j) {
             const int s = t * a.topk + j;

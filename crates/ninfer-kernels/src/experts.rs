@@ -192,8 +192,7 @@ impl KernelSet {
         ids: &impl DevicePtr<i32>,
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
-        let kernel = if tokens <= 8 { Kernel::MoeGateUpMmaNvfp4B8 } else { Kernel::MoeGateUpMmaNvfp4B16 };
-        let c = Check::new(kernel);
+        let c = Check::new(Kernel::MoeGateUpMmaNvfp4);
         c.ensure(matches!(bank.weights, crate::Weights::Nvfp4 { .. }), || "the batch expert kernels take NVFP4 banks".to_string())?;
         c.ensure(tokens <= BATCH_MAX_TOKENS, || format!("{tokens} tokens, at most {BATCH_MAX_TOKENS} per batch launch"))?;
         c.ensure(bank.cols.is_multiple_of(128), || format!("H = {} is not a multiple of 128", bank.cols))?;
@@ -205,6 +204,50 @@ impl KernelSet {
             Ok((c.i32("slots", gx)? as u32, (inter / 16) as u32, 32 * BATCH_WARPS as u32))
         };
         self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, [ip, 0, 0]), out, grid)
+    }
+
+    /// [`KernelSet::moe_down_grouped`]'s output for a decode batch of at most
+    /// [`BATCH_MAX_TOKENS`] tokens: `part[s, n] = route_w[s] · (inp[s] · W[ids[s]][n])`, f32
+    /// `[slots, H]`, each chosen expert of an NVFP4 bank `[E, H, I]` run once on the tensor
+    /// cores for every slot that chose it; slots whose id is outside `[0, E)` are not written.
+    /// I must be a multiple of 512. [`KernelSet::moe_combine`] sums the slots into the residual.
+    pub fn moe_down_batch(
+        &self,
+        stream: &CudaStream,
+        bank: &MatrixView,
+        shared: Option<&MatrixView>,
+        inp: &impl DevicePtr<bf16>,
+        (tokens, topk): (usize, usize),
+        ids: &impl DevicePtr<i32>,
+        route_w: &impl DevicePtr<f32>,
+        part: &mut impl DevicePtrMut<f32>,
+    ) -> Result<()> {
+        let c = Check::new(Kernel::MoeDownMmaNvfp4);
+        c.ensure(matches!(bank.weights, crate::Weights::Nvfp4 { .. }), || "the batch expert kernels take NVFP4 banks".to_string())?;
+        c.ensure(tokens <= BATCH_MAX_TOKENS, || format!("{tokens} tokens, at most {BATCH_MAX_TOKENS} per batch launch"))?;
+        c.ensure(bank.cols.is_multiple_of(512), || format!("I = {} is not a multiple of 512", bank.cols))?;
+        c.ensure(bank.rows.is_multiple_of(16), || format!("down rows {} not a multiple of 16", bank.rows))?;
+        let slots = self.check_shared(&c, bank, shared, tokens, topk)?;
+        let (xl, il, wl, pl) = (inp.len(), ids.len(), route_w.len(), part.len());
+        let (bm, sm, _gb) = bank_mats(&c, stream, bank, shared)?;
+        let (xp, _gx) = dptr(inp, stream);
+        let (ip, _gi) = dptr(ids, stream);
+        let (wp, _gw) = dptr(route_w, stream);
+        let (pp, _gp) = dptr_mut(part, stream);
+        c.len("inp", xl, slots * bank.cols)?;
+        c.len("ids", il, tokens * topk)?;
+        c.len("route_w", wl, slots)?;
+        c.len("part", pl, slots * bank.rows)?;
+        c.aligned("inp", xp, 16)?;
+        if tokens == 0 {
+            return Ok(());
+        }
+        let args = BankArgs::new(&c, (bm, sm), [xp, ip, wp, pp], (tokens, topk, shared.is_some()), bank.cols, bank.rows)?;
+        // Tiles a warp: 1, 2 or 4 up to 4, 8 or 16 tokens, as the slots grow (experts_batch.cu).
+        let per_warp = tokens.div_ceil(4).next_power_of_two().min(4);
+        let gx = c.i32("slots", tokens * topk + shared.is_some() as usize)? as u32;
+        let cfg = LaunchConfig { grid_dim: (gx, blocks(bank.rows / 16, BATCH_WARPS * per_warp), 1), block_dim: (32 * BATCH_WARPS as u32, 1, 1), shared_mem_bytes: 0 };
+        self.launch_struct(stream, c.kernel, cfg, &args)
     }
 
     /// `y[t] = bf16(y[t] + bf16(Σ_j part[t·topk + j] + part[tokens·topk + t]))` over `dim`
@@ -247,7 +290,7 @@ impl KernelSet {
             dim: c.i32("dim", dim)?,
             ldy: c.i32("ldy", ldy)?,
         };
-        let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (tokens as u32, blocks(dim, 256), 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         self.launch_struct(stream, c.kernel, cfg, &args)
     }
 }

@@ -78,8 +78,8 @@ kernel_table! {
     MoeGateUpGroupedNvfp4 => "experts", "ninfer_moe_gate_up_grouped_nvfp4";
     MoeDownGroupedNvfp4 => "experts", "ninfer_moe_down_grouped_nvfp4";
     MoeCombine => "experts", "ninfer_moe_combine";
-    MoeGateUpMmaNvfp4B8 => "experts_batch", "ninfer_moe_gate_up_mma_nvfp4_b8";
-    MoeGateUpMmaNvfp4B16 => "experts_batch", "ninfer_moe_gate_up_mma_nvfp4_b16";
+    MoeGateUpMmaNvfp4 => "experts_batch", "ninfer_moe_gate_up_mma_nvfp4";
+    MoeDownMmaNvfp4 => "experts_batch", "ninfer_moe_down_mma_nvfp4";
     EmbedBf16 => "embed", "ninfer_embed_bf16";
     EmbedQ8 => "embed", "ninfer_embed_q8_g32";
     QkNormRope => "rope", "ninfer_qk_norm_rope";

@@ -244,10 +244,16 @@ fn bench_moe_prompt() {
             });
             let batch_down = time_rotating(&s, ROUTINGS, 16, |r| {
                 g.ks.moe_gate_up_batch(&s, &gu, Some(&sguv), &x, h, (t, k), &ids[r], &mut m).unwrap();
-                g.ks.moe_down(&s, &dn, Some(&sdnv), &m, (t, k), &table(r), &mut y, h, true).unwrap();
+                g.ks.moe_down_batch(&s, &dn, Some(&sdnv), &m, (t, k), &ids[r], &w, &mut part).unwrap();
+                g.ks.moe_combine(&s, &part, &ids[r], t, k, e, true, &mut y, h, h).unwrap();
+            });
+            let batch_gu_dn = time_rotating(&s, ROUTINGS, 16, |r| {
+                g.ks.moe_gate_up_batch(&s, &gu, Some(&sguv), &x, h, (t, k), &ids[r], &mut m).unwrap();
+                g.ks.moe_down_batch(&s, &dn, Some(&sdnv), &m, (t, k), &ids[r], &w, &mut part).unwrap();
             });
             report(&format!("moe experts T={t} batch gate_up alone"), batch, 0.0);
-            report(&format!("moe experts T={t} batch gate_up + per-slot down"), batch_down, 0.0);
+            report(&format!("moe experts T={t} batch gate_up + down"), batch_gu_dn, 0.0);
+            report(&format!("moe experts T={t} batch (gate_up, down, combine)"), batch_down, 0.0);
         }
         report(&format!("moe experts T={t} per-slot"), per_slot, 0.0);
         report(&format!("moe experts T={t} per-slot, gate_up alone"), gate_up, 0.0);

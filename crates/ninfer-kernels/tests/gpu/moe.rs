@@ -73,14 +73,6 @@ fn bank_case(
     let got_m = down(&s, &m);
     assert_close(&format!("{name} gate_up"), &to_f32(&got_m), &want_m, 1e-2);
 
-    // The batch gate_up of a decode batch (NVFP4): the same output, each expert run once.
-    if enc == Enc::Nvfp4 && tokens <= BATCH_MAX_TOKENS && hidden.is_multiple_of(128) {
-        let mut mb = nan_bf16(&s, slots * inter);
-        g.ks.moe_gate_up_batch(&s, &dgu.view(), shared.then_some(&shared_gu), &dx, hidden, (tokens, topk), &dids, &mut mb)
-            .unwrap();
-        assert_close(&format!("{name} gate_up batch"), &to_f32(&down(&s, &mb)), &want_m, 1e-2);
-    }
-
     // down: weighted sum over each token's slots, from the kernel's own gate_up output.
     let mf = to_f32(&got_m);
     let mut want = vec![0f32; tokens * hidden];
@@ -144,6 +136,24 @@ fn bank_case(
         1e-2,
     );
 
+    // The batch kernels of a decode batch (NVFP4): the same gate_up output, and down plus the
+    // combine into the same residual, each expert run once.
+    let batch = enc == Enc::Nvfp4 && tokens <= BATCH_MAX_TOKENS && hidden.is_multiple_of(128);
+    if batch {
+        let mut mb = nan_bf16(&s, slots * inter);
+        g.ks.moe_gate_up_batch(&s, &dgu.view(), shared.then_some(&shared_gu), &dx, hidden, (tokens, topk), &dids, &mut mb)
+            .unwrap();
+        assert_close(&format!("{name} gate_up batch"), &to_f32(&down(&s, &mb)), &want_m, 1e-2);
+    }
+    if batch && inter.is_multiple_of(512) {
+        let mut part = nan_f32(&s, slots * hidden);
+        g.ks.moe_down_batch(&s, &ddn.view(), shared.then_some(&shared_dn), &m, (tokens, topk), &dids, &dw, &mut part)
+            .unwrap();
+        let mut yb = up(&s, &resid);
+        g.ks.moe_combine(&s, &part, &dids, tokens, topk, experts, shared, &mut yb, hidden, hidden).unwrap();
+        assert_close(&format!("{name} batch down + combine"), &to_f32(&down(&s, &yb)), &want16, 1e-2);
+    }
+
     // The grouped kernels of a prompt pass (NVFP4): the same gate_up output, and down plus the
     // combine into the same residual.
     let fits = inter.is_multiple_of(32) && hidden.is_multiple_of(32) && hidden.max(inter) <= 2048;
@@ -177,6 +187,15 @@ fn expert_banks_model_shapes() {
     // Decode batches of 4 and 16 tokens.
     bank_case(Enc::Nvfp4, 256, 512, 2048, 4, 8, true, 422);
     bank_case(Enc::Nvfp4, 256, 512, 2048, 16, 8, true, 423);
+}
+
+#[test]
+fn expert_banks_decode_batch_shared_experts() {
+    // Few experts for the tokens, so that most experts take several slots (one and two passes
+    // of 8 in the batch kernels); with and without the shared expert.
+    bank_case(Enc::Nvfp4, 8, 512, 256, 3, 2, true, 427);
+    bank_case(Enc::Nvfp4, 12, 512, 128, 16, 4, false, 428);
+    bank_case(Enc::Nvfp4, 12, 512, 128, 11, 4, true, 429);
 }
 
 #[test]
@@ -217,30 +236,40 @@ fn gate_up_zeroes_invalid_expert_ids() {
 }
 
 #[test]
-fn gate_up_batch_zeroes_invalid_ids_and_shares_experts() {
+fn batch_kernels_skip_invalid_ids_and_share_experts() {
     // Three tokens of four ids over 6 experts: expert 2 named by every token, ids -1 and 6
-    // (>= E) in the middle of a token's list.
+    // (>= E) in the middle of a token's list. gate_up gives their slots zero rows; down leaves
+    // their rows of `part` unwritten (the combine skips them).
     let Some(g) = gpu() else { return };
     let s = g.stream();
     let mut rng = Rng::new(431);
-    let (experts, inter, hidden, topk, tokens) = (6, 32, 128, 4, 3);
+    let (experts, inter, hidden, topk, tokens) = (6, 512, 128, 4, 3);
     let gu = HostMat::random(Enc::Nvfp4, experts, 2 * inter, hidden, 2, &mut rng);
+    let dn = HostMat::random(Enc::Nvfp4, experts, hidden, inter, 1, &mut rng);
     let x = rng.bf16s(tokens * hidden, 1.0);
     let ids = [2i32, -1, 0, 5, 1, 2, 6, 3, 2, 4, 0, 1];
-    let (dgu, dx, dids) = (gu.upload(&s), up(&s, &x), up(&s, &ids));
+    let w: Vec<f32> = (0..ids.len()).map(|_| bf(0.05 + rng.uniform() as f32)).collect();
+    let (dgu, ddn, dx, dids, dw) = (gu.upload(&s), dn.upload(&s), up(&s, &x), up(&s, &ids), up(&s, &w));
     let mut m = nan_bf16(&s, ids.len() * inter);
     g.ks.moe_gate_up_batch(&s, &dgu.view(), None, &dx, hidden, (tokens, topk), &dids, &mut m).unwrap();
-    let got = to_f32(&down(&s, &m));
+    let mut part = nan_f32(&s, ids.len() * hidden);
+    g.ks.moe_down_batch(&s, &ddn.view(), None, &m, (tokens, topk), &dids, &dw, &mut part).unwrap();
+    let (got, got_part) = (to_f32(&down(&s, &m)), down(&s, &part));
     for (slot, &e) in ids.iter().enumerate() {
         let row = &got[slot * inter..(slot + 1) * inter];
+        let prow = &got_part[slot * hidden..(slot + 1) * hidden];
         if !(0..experts as i32).contains(&e) {
             assert!(row.iter().all(|&v| v == 0.0), "slot {slot} (id {e}) must be a zero row");
+            assert!(prow.iter().all(|v| v.is_nan()), "slot {slot} (id {e}): down must not write its row");
             continue;
         }
         let t = slot / topk;
         let y = matvec(&gu.dequant_expert(e as usize), 2 * inter, hidden, &to_f32(&x[t * hidden..(t + 1) * hidden]));
         let want: Vec<f32> = (0..inter).map(|j| bf(bf(silu(bf(y[j]) as f64) as f32) * bf(y[inter + j]))).collect();
         assert_close(&format!("batch gate_up slot {slot} (expert {e})"), row, &want, 1e-2);
+        let yd = matvec(&dn.dequant_expert(e as usize), hidden, inter, row);
+        let want_d: Vec<f32> = yd.iter().map(|v| w[slot] * v).collect();
+        assert_close(&format!("batch down slot {slot} (expert {e})"), prow, &want_d, 1e-4);
     }
 }
 

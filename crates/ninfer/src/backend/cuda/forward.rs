@@ -6,7 +6,7 @@
 //! Matrix products go through the small-batch gemv kernels (on the tensor cores from 2 rows
 //! for bf16, q8_g32 and q6_g64), 16 rows per launch, so a prompt chunk is processed 16 tokens at a time
 //! per projection; the experts of a pass of 256 tokens or more run grouped by expert
-//! (kernels/experts.cu), the gate/up of a decode batch of 4-16 tokens once per chosen expert
+//! (kernels/experts.cu), those of a decode batch of 4-16 tokens once per chosen expert
 //! (kernels/experts_batch.cu); the GDN recurrence walks each sequence's tokens in order inside one
 //! launch. Decode rows of several sequences share every launch.
 
@@ -22,7 +22,7 @@ use ninfer_kernels::{
 
 use crate::model::ModelConfig;
 
-use super::memory::{Dims, States, Workspace, GROUPED_MIN_TOKENS, LOGIT_ROWS, PAGE};
+use super::memory::{Dims, States, Workspace, BATCH_MIN_TOKENS, GROUPED_MIN_TOKENS, LOGIT_ROWS, PAGE};
 use super::plan::PassMeta;
 use super::profile::Profiler;
 use super::weights::{Arena, AttnW, DevMat, GdnW, LayerW, MixerW, ModelW, MoeW, SharedW, Span};
@@ -476,16 +476,26 @@ fn experts(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, in_ex
     let touched = |bank: &DevMat| bank.bytes() / e * (t * k).min(e);
     let shared = |f: fn(&SharedW) -> &DevMat| mw.shared.as_ref().map_or(0, |sh| f(sh).bytes());
     let (gu, dn) = (cx.arena.mat(&mw.gate_up), cx.arena.mat(&mw.down));
-    if grouped(mw, d, t) {
-        // A prompt pass: each expert's rows run once over every token that chose it.
+    let prompt = grouped(mw, d, t);
+    if prompt || (!in_experts && batch(mw, d, t)) {
+        // Each chosen expert runs once for every slot that chose it: grouped by expert for a
+        // prompt pass, on the batch kernels for a decode batch; the slots then summed.
         let (sgu, sdn) = match &mw.shared {
             Some(sh) => (Some(cx.arena.mat(&sh.gate_up)), Some(cx.arena.mat(&sh.down))),
             None => (None, None),
         };
-        cx.ks.moe_gate_up_grouped(cx.s, &gu, sgu.as_ref(), &ws.a, h, t, k, &ws.ids, &mut ws.gu).map_err(kern)?;
-        cx.mark("moe.gate_up_grouped", touched(&mw.gate_up) + shared(|sh| &sh.gate_up));
-        cx.ks.moe_down_grouped(cx.s, &dn, sdn.as_ref(), &ws.gu, t, k, &ws.ids, &ws.route_w, &mut ws.moe_part).map_err(kern)?;
-        cx.mark("moe.down_grouped", touched(&mw.down) + shared(|sh| &sh.down));
+        let (gu_bytes, dn_bytes) = (touched(&mw.gate_up) + shared(|sh| &sh.gate_up), touched(&mw.down) + shared(|sh| &sh.down));
+        if prompt {
+            cx.ks.moe_gate_up_grouped(cx.s, &gu, sgu.as_ref(), &ws.a, h, t, k, &ws.ids, &mut ws.gu).map_err(kern)?;
+            cx.mark("moe.gate_up_grouped", gu_bytes);
+            cx.ks.moe_down_grouped(cx.s, &dn, sdn.as_ref(), &ws.gu, t, k, &ws.ids, &ws.route_w, &mut ws.moe_part).map_err(kern)?;
+            cx.mark("moe.down_grouped", dn_bytes);
+        } else {
+            cx.ks.moe_gate_up_batch(cx.s, &gu, sgu.as_ref(), &ws.a, h, (t, k), &ws.ids, &mut ws.gu).map_err(kern)?;
+            cx.mark("moe.gate_up_batch", gu_bytes);
+            cx.ks.moe_down_batch(cx.s, &dn, sdn.as_ref(), &ws.gu, (t, k), &ws.ids, &ws.route_w, &mut ws.moe_part).map_err(kern)?;
+            cx.mark("moe.down_batch", dn_bytes);
+        }
         cx.ks.moe_combine(cx.s, &ws.moe_part, &ws.ids, t, k, e, mw.shared.is_some(), &mut ws.h, h, h).map_err(kern)?;
         cx.mark("moe.combine", 0);
         return Ok(());
@@ -496,11 +506,7 @@ fn experts(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, in_ex
         Routing::Table { ids: ws.ids.slice(..), w: ws.route_w.slice(..) }
     };
     let fused = mw.shared.as_ref().filter(|_| mw.fused).map(|sh| (cx.arena.mat(&sh.gate_up), cx.arena.mat(&sh.down)));
-    if !in_experts && batch(mw, d, t) {
-        cx.ks.moe_gate_up_batch(cx.s, &gu, fused.as_ref().map(|f| &f.0), &ws.a, h, (t, k), &ws.ids, &mut ws.gu).map_err(kern)?;
-    } else {
-        cx.ks.moe_gate_up(cx.s, &gu, fused.as_ref().map(|f| &f.0), &ws.a, h, (t, k), &routing, &mut ws.gu).map_err(kern)?;
-    }
+    cx.ks.moe_gate_up(cx.s, &gu, fused.as_ref().map(|f| &f.0), &ws.a, h, (t, k), &routing, &mut ws.gu).map_err(kern)?;
     cx.mark("moe.gate_up", touched(&mw.gate_up) + if fused.is_some() { shared(|sh| &sh.gate_up) } else { 0 });
     cx.ks.moe_down(cx.s, &dn, fused.as_ref().map(|f| &f.1), &ws.gu, (t, k), &routing, &mut ws.h, h, true).map_err(kern)?;
     cx.mark("moe.down", touched(&mw.down) + if fused.is_some() { shared(|sh| &sh.down) } else { 0 });
@@ -516,17 +522,16 @@ fn experts(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, in_ex
     Ok(())
 }
 
-/// Whether a pass of `t` tokens runs its experts' gate/up once per chosen expert
-/// (kernels/experts_batch.cu): 4-16 tokens (at 2 the per-slot kernel is faster, 12.8 against
+/// Whether a pass of `t` tokens runs its experts on the batch kernels, once per chosen expert
+/// (kernels/experts_batch.cu): 4-16 tokens (at 2 the per-slot gate_up is faster, 12.8 against
 /// 15.6 µs in the kernel bench on an H200), NVFP4 banks with the shared expert in the same
-/// launch (or none), H a multiple of 128.
+/// launches (or none), H a multiple of 128 and I of 512.
 fn batch(mw: &MoeW, d: &Dims, t: usize) -> bool {
-    let shapes = d.h.is_multiple_of(128) && d.inter.is_multiple_of(16);
-    (BATCH_MIN_TOKENS..=BATCH_MAX_TOKENS).contains(&t) && mw.gate_up.is_nvfp4() && (mw.shared.is_none() || mw.fused) && shapes
+    let nvfp4 = mw.gate_up.is_nvfp4() && mw.down.is_nvfp4();
+    let shapes = d.h.is_multiple_of(128) && d.inter.is_multiple_of(512);
+    (BATCH_MIN_TOKENS..=BATCH_MAX_TOKENS).contains(&t) && nvfp4 && (mw.shared.is_none() || mw.fused) && shapes
 }
 
-/// The fewest tokens whose gate/up runs once per chosen expert (see [`batch`]).
-const BATCH_MIN_TOKENS: usize = 4;
 
 /// Whether a pass of `t` tokens runs its experts grouped (kernels/experts.cu): NVFP4 banks, a
 /// shared expert riding in the same launches (or none), and shapes the grouped kernels take.

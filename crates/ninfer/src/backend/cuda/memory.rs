@@ -21,10 +21,14 @@ pub(super) const PAGE: usize = 64;
 pub(super) const LOGIT_ROWS: usize = 64;
 
 /// The fewest tokens of a pass whose MoE runs grouped by expert (forward.rs `moe`); shorter
-/// passes (decode) run the per-slot expert kernels. On an H200 (the `bench_moe_prompt` kernel
-/// timing, Qwen3.6-35B-A3B shapes) the per-slot kernels are 3.1x faster at 16 tokens and 1.7x
-/// at 64, the grouped ones 1.8x faster at 512.
+/// passes run the per-slot expert kernels, or those of a decode batch. On an H200 (the
+/// `bench_moe_prompt` kernel timing, Qwen3.6-35B-A3B shapes) the per-slot kernels are 3.1x
+/// faster at 16 tokens and 1.7x at 64, the grouped ones 1.8x faster at 512.
 pub(super) const GROUPED_MIN_TOKENS: usize = 256;
+
+/// The fewest tokens of a pass whose MoE runs on the decode-batch expert kernels (forward.rs
+/// `batch`; at most `ninfer_kernels::BATCH_MAX_TOKENS`).
+pub(super) const BATCH_MIN_TOKENS: usize = 4;
 
 /// Every size the allocations follow.
 #[derive(Debug, Clone, Copy)]
@@ -151,10 +155,10 @@ impl Dims {
         self.t_cap * (self.topk + 1)
     }
 
-    /// f32 per-slot down projections of a grouped MoE pass (forward.rs), `[slots, H]`; none
-    /// when passes are too short for the grouped kernels.
+    /// f32 per-slot down projections of a grouped MoE pass or a decode batch (forward.rs),
+    /// `[slots, H]`; none when passes are too short for either.
     fn moe_part_elems(&self) -> usize {
-        if self.t_cap >= GROUPED_MIN_TOKENS && self.e > 0 {
+        if self.t_cap >= BATCH_MIN_TOKENS && self.e > 0 {
             self.moe_slots() * self.h
         } else {
             1
