@@ -523,9 +523,9 @@ fn experts(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, in_ex
 }
 
 /// Whether a pass of `t` tokens runs its experts on the batch kernels, once per chosen expert
-/// (kernels/experts_batch.cu): 4-16 tokens (at 2 the per-slot gate_up is faster, 12.8 against
-/// 15.6 µs in the kernel bench on an H200), NVFP4 banks with the shared expert in the same
-/// launches (or none), H a multiple of 128 and I of 512.
+/// (kernels/experts_batch.cu): 4-16 tokens (one layer's experts in the kernel bench on an H200:
+/// 37.6 against 47.8 µs per slot at 4 tokens, 29.9 against 29.3 at 2), NVFP4 banks with the
+/// shared expert in the same launches (or none), H a multiple of 128 and I of 512.
 fn batch(mw: &MoeW, d: &Dims, t: usize) -> bool {
     let nvfp4 = mw.gate_up.is_nvfp4() && mw.down.is_nvfp4();
     let shapes = d.h.is_multiple_of(128) && d.inter.is_multiple_of(512);
