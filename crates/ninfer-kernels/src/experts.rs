@@ -126,14 +126,27 @@ impl KernelSet {
     ) -> Result<()> {
         let c = Check::new(Kernel::MoeGateUpGroupedNvfp4);
         check_grouped(&c, bank, tokens, bank.cols)?;
+        let (gx, gy) = expert_grid(bank, shared, bank.rows / 2);
+        self.gate_up_by_expert(&c, stream, (bank, shared), (x, ldx), (tokens, topk), ids, out, (gx, gy, 256))
+    }
+
+    /// The checks and launch of a gate_up kernel that runs each expert once for its slots
+    /// (the grouped one or the batch one), routed by `ids`, on the grid and block threads given.
+    fn gate_up_by_expert(
+        &self,
+        c: &Check,
+        stream: &CudaStream,
+        (bank, shared): (&MatrixView, Option<&MatrixView>),
+        (x, ldx): (&impl DevicePtr<bf16>, usize),
+        (tokens, topk): (usize, usize),
+        ids: &impl DevicePtr<i32>,
+        out: &mut impl DevicePtrMut<bf16>,
+        grid: (u32, u32, u32),
+    ) -> Result<()> {
         c.ensure(bank.rows.is_multiple_of(32), || format!("gate_up rows {} are not 2·I with I % 16 == 0", bank.rows))?;
         c.len("ids", ids.len(), tokens * topk)?;
         let (ip, _gi) = dptr(ids, stream);
-        let grid = |_, inter: usize| {
-            let (gx, gy) = expert_grid(bank, shared, inter);
-            Ok((gx, gy, 256))
-        };
-        self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, [ip, 0, 0]), out, grid)
+        self.gate_up_with(c, stream, bank, shared, (x, ldx), (tokens, topk, [ip, 0, 0]), out, |_, _| Ok(grid))
     }
 
     /// Each slot's weighted down projection, per expert over every slot that chose it:
@@ -154,10 +167,27 @@ impl KernelSet {
     ) -> Result<()> {
         let c = Check::new(Kernel::MoeDownGroupedNvfp4);
         check_grouped(&c, bank, tokens, bank.cols)?;
-        let slots = self.check_shared(&c, bank, shared, tokens, topk)?;
+        let (gx, gy) = expert_grid(bank, shared, bank.rows);
+        self.down_parts_with(&c, stream, (bank, shared), inp, (tokens, topk), (ids, route_w), part, (gx, gy, 256))
+    }
+
+    /// The checks and launch of a down kernel into per-slot rows (the grouped one or the
+    /// batch one), on the grid and block threads given.
+    fn down_parts_with(
+        &self,
+        c: &Check,
+        stream: &CudaStream,
+        (bank, shared): (&MatrixView, Option<&MatrixView>),
+        inp: &impl DevicePtr<bf16>,
+        (tokens, topk): (usize, usize),
+        (ids, route_w): (&impl DevicePtr<i32>, &impl DevicePtr<f32>),
+        part: &mut impl DevicePtrMut<f32>,
+        (gx, gy, threads): (u32, u32, u32),
+    ) -> Result<()> {
+        let slots = self.check_shared(c, bank, shared, tokens, topk)?;
         c.ensure(bank.rows.is_multiple_of(16), || format!("down rows {} not a multiple of 16", bank.rows))?;
         let (xl, il, wl, pl) = (inp.len(), ids.len(), route_w.len(), part.len());
-        let (bm, sm, _gb) = bank_mats(&c, stream, bank, shared)?;
+        let (bm, sm, _gb) = bank_mats(c, stream, bank, shared)?;
         let (xp, _gx) = dptr(inp, stream);
         let (ip, _gi) = dptr(ids, stream);
         let (wp, _gw) = dptr(route_w, stream);
@@ -170,9 +200,8 @@ impl KernelSet {
         if tokens == 0 {
             return Ok(());
         }
-        let args = BankArgs::new(&c, (bm, sm), [xp, ip, wp, pp], (tokens, topk, shared.is_some()), bank.cols, bank.rows)?;
-        let (gx, gy) = expert_grid(bank, shared, bank.rows);
-        let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let args = BankArgs::new(c, (bm, sm), [xp, ip, wp, pp], (tokens, topk, shared.is_some()), bank.cols, bank.rows)?;
+        let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
         self.launch_struct(stream, c.kernel, cfg, &args)
     }
 
@@ -193,17 +222,11 @@ impl KernelSet {
         out: &mut impl DevicePtrMut<bf16>,
     ) -> Result<()> {
         let c = Check::new(Kernel::MoeGateUpMmaNvfp4);
-        c.ensure(matches!(bank.weights, crate::Weights::Nvfp4 { .. }), || "the batch expert kernels take NVFP4 banks".to_string())?;
-        c.ensure(tokens <= BATCH_MAX_TOKENS, || format!("{tokens} tokens, at most {BATCH_MAX_TOKENS} per batch launch"))?;
+        check_batch(&c, bank, tokens)?;
         c.ensure(bank.cols.is_multiple_of(128), || format!("H = {} is not a multiple of 128", bank.cols))?;
-        c.ensure(bank.rows.is_multiple_of(32), || format!("gate_up rows {} are not 2·I with I % 16 == 0", bank.rows))?;
-        c.len("ids", ids.len(), tokens * topk)?;
-        let (ip, _gi) = dptr(ids, stream);
-        let grid = |_, inter: usize| {
-            let gx = tokens * topk + shared.is_some() as usize;
-            Ok((c.i32("slots", gx)? as u32, (inter / 16) as u32, 32 * BATCH_WARPS as u32))
-        };
-        self.gate_up_with(&c, stream, bank, shared, (x, ldx), (tokens, topk, [ip, 0, 0]), out, grid)
+        let gx = c.i32("slots", tokens * topk + shared.is_some() as usize)? as u32;
+        let grid = (gx, (bank.rows / 32) as u32, 32 * BATCH_WARPS as u32);
+        self.gate_up_by_expert(&c, stream, (bank, shared), (x, ldx), (tokens, topk), ids, out, grid)
     }
 
     /// [`KernelSet::moe_down_grouped`]'s output for a decode batch of at most
@@ -223,31 +246,13 @@ impl KernelSet {
         part: &mut impl DevicePtrMut<f32>,
     ) -> Result<()> {
         let c = Check::new(Kernel::MoeDownMmaNvfp4);
-        c.ensure(matches!(bank.weights, crate::Weights::Nvfp4 { .. }), || "the batch expert kernels take NVFP4 banks".to_string())?;
-        c.ensure(tokens <= BATCH_MAX_TOKENS, || format!("{tokens} tokens, at most {BATCH_MAX_TOKENS} per batch launch"))?;
+        check_batch(&c, bank, tokens)?;
         c.ensure(bank.cols.is_multiple_of(512), || format!("I = {} is not a multiple of 512", bank.cols))?;
-        c.ensure(bank.rows.is_multiple_of(16), || format!("down rows {} not a multiple of 16", bank.rows))?;
-        let slots = self.check_shared(&c, bank, shared, tokens, topk)?;
-        let (xl, il, wl, pl) = (inp.len(), ids.len(), route_w.len(), part.len());
-        let (bm, sm, _gb) = bank_mats(&c, stream, bank, shared)?;
-        let (xp, _gx) = dptr(inp, stream);
-        let (ip, _gi) = dptr(ids, stream);
-        let (wp, _gw) = dptr(route_w, stream);
-        let (pp, _gp) = dptr_mut(part, stream);
-        c.len("inp", xl, slots * bank.cols)?;
-        c.len("ids", il, tokens * topk)?;
-        c.len("route_w", wl, slots)?;
-        c.len("part", pl, slots * bank.rows)?;
-        c.aligned("inp", xp, 16)?;
-        if tokens == 0 {
-            return Ok(());
-        }
-        let args = BankArgs::new(&c, (bm, sm), [xp, ip, wp, pp], (tokens, topk, shared.is_some()), bank.cols, bank.rows)?;
         // Tiles a warp: 1, 2 or 4 up to 4, 8 or 16 tokens, as the slots grow (experts_batch.cu).
         let per_warp = tokens.div_ceil(4).next_power_of_two().min(4);
         let gx = c.i32("slots", tokens * topk + shared.is_some() as usize)? as u32;
-        let cfg = LaunchConfig { grid_dim: (gx, blocks(bank.rows / 16, BATCH_WARPS * per_warp), 1), block_dim: (32 * BATCH_WARPS as u32, 1, 1), shared_mem_bytes: 0 };
-        self.launch_struct(stream, c.kernel, cfg, &args)
+        let grid = (gx, blocks(bank.rows / 16, BATCH_WARPS * per_warp), 32 * BATCH_WARPS as u32);
+        self.down_parts_with(&c, stream, (bank, shared), inp, (tokens, topk), (ids, route_w), part, grid)
     }
 
     /// `y[t] = bf16(y[t] + bf16(Σ_j part[t·topk + j] + part[tokens·topk + t]))` over `dim`
@@ -298,6 +303,12 @@ impl KernelSet {
 /// The grouped kernels' grid: one block per expert (and the shared one) and 16-row tile.
 fn expert_grid(bank: &MatrixView, shared: Option<&MatrixView>, tile_rows: usize) -> (u32, u32) {
     ((bank.experts + shared.is_some() as usize) as u32, (tile_rows / 16) as u32)
+}
+
+/// The checks both batch kernels add to the bank kernels' own.
+fn check_batch(c: &Check, bank: &MatrixView, tokens: usize) -> Result<()> {
+    c.ensure(matches!(bank.weights, crate::Weights::Nvfp4 { .. }), || "the batch expert kernels take NVFP4 banks".to_string())?;
+    c.ensure(tokens <= BATCH_MAX_TOKENS, || format!("{tokens} tokens, at most {BATCH_MAX_TOKENS} per batch launch"))
 }
 
 /// The checks both grouped kernels add to the bank kernels' own.
