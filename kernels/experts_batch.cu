@@ -155,7 +155,7 @@ __device__ __forceinline__ void gate_up_tiles(const BankArgs& a, const Mat& m, i
         const int s = list[g];
         xr = a.x + (size_t)(s < routed ? s / a.topk : s - routed) * a.ldx;
     }
-    // Warp w takes the column blocks w, w + 4, ...: all their loads in flight at once.
+    // Warp w takes the column blocks w, w + 4, ..., MMA_EXPERT_AHEAD of them in flight.
     TilePart buf[MMA_EXPERT_AHEAD][2];
     auto load = [&](int i, int blk) {
         buf[i][0] = tile_load(m, e, j0, blk, g, t);
