@@ -205,21 +205,28 @@ __device__ __forceinline__ void gate_up_tiles(const BankArgs& a, const Mat& m, i
     __syncthreads();  // `part` is the next call's
 }
 
-__device__ __forceinline__ void gate_up_mma_body(const BankArgs& a) {
+// After the wait, this block's expert and slots (expert_slots), and `pass(m, e, list, count)`
+// over them 8 at a time (an expert's second pass reads its weights from L2); returns the slot
+// count, -1 for a slot whose id is outside [0, E). Both kernels' blocks start here.
+template <typename Pass>
+__device__ __forceinline__ int expert_passes(const BankArgs& a, Pass pass) {
     __shared__ int lists[MMA_EXPERT_WARPS][MMA_EXPERT_MAX_TOKENS];
     grid_wait();
-    grid_release();  // after the wait: down reads the routing before its own (header)
+    grid_release();  // after the wait: the per-slot down reads the routing before its own (header)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int* list = lists[warp];
     int e = 0;
     const int n = expert_slots(a, lane, list, e);
     const Mat& m = (int)blockIdx.x == a.tokens * a.topk ? a.shared : a.bank;
-    if (n < 0) {  // an id outside [0, E): this slot's rows are zero
-        if (threadIdx.x < 16) static_cast<bf16*>(a.y)[(size_t)blockIdx.x * (m.rows / 2) + 16 * blockIdx.y + threadIdx.x] = f2bf(0.f);
-        return;
-    }
-    // Eight slots a pass (the weights' second pass of a 9-16 slot expert comes from L2).
-    for (int c0 = 0; c0 < n; c0 += 8) gate_up_tiles(a, m, e, list + c0, min(n - c0, 8));
+    for (int c0 = 0; c0 < n; c0 += 8) pass(m, e, list + c0, min(n - c0, 8));
+    return n;
+}
+
+__device__ __forceinline__ void gate_up_mma_body(const BankArgs& a) {
+    const int n = expert_passes(a, [&](const Mat& m, int e, const int* list, int count) { gate_up_tiles(a, m, e, list, count); });
+    // An id outside [0, E): this slot's rows are zero.
+    if (n < 0 && threadIdx.x < 16)
+        static_cast<bf16*>(a.y)[(size_t)blockIdx.x * (a.bank.rows / 2) + 16 * blockIdx.y + threadIdx.x] = f2bf(0.f);
 }
 
 // The down bank's 16-row tiles of this warp (tiles blockIdx.y * 4 + warp, + 4 * gridDim.y, ...)
@@ -254,15 +261,7 @@ __device__ __forceinline__ void down_tiles(const BankArgs& a, const Mat& m, int 
 }
 
 __device__ __forceinline__ void down_mma_body(const BankArgs& a) {
-    __shared__ int lists[MMA_EXPERT_WARPS][MMA_EXPERT_MAX_TOKENS];
-    grid_wait();
-    grid_release();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int* list = lists[warp];
-    int e = 0;
-    const int n = expert_slots(a, lane, list, e);
-    const Mat& m = (int)blockIdx.x == a.tokens * a.topk ? a.shared : a.bank;
-    for (int c0 = 0; c0 < n; c0 += 8) down_tiles(a, m, e, list + c0, min(n - c0, 8));
+    expert_passes(a, [&](const Mat& m, int e, const int* list, int count) { down_tiles(a, m, e, list, count); });
 }
 
 // Five blocks per SM (at most 102 registers; 93 without spilling).

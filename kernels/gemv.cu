@@ -250,6 +250,13 @@ __device__ __forceinline__ void q6_pairs(uint32_t w, uint32_t hw, bool up, uint3
     p[3] = q6_bf16x2(co, true);
 }
 
+// Eight bf16 of x (columns c0..c7) in the q6 kernels' MMA k order: (x0, x2), (x1, x3), (x4, x6),
+// (x5, x7), the order of q6_pairs.
+__device__ __forceinline__ uint4 x8_mma_order(uint4 v) {
+    return make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632), __byte_perm(v.z, v.w, 0x5410),
+                      __byte_perm(v.z, v.w, 0x7632));
+}
+
 // A lane's share of one 256-column block of a tile: group t of the block for rows g and g + 8
 // (codes, high bits, and the scales of groups 2(t % 2), 2(t % 2) + 1, which lanes t < 2 apply).
 struct Q6Part {
@@ -281,10 +288,9 @@ __device__ __forceinline__ Q6Part q6_load(const Mat& m, int tile, int blk, int g
 // holds batch row 2c + r (n tile c) at the columns of the block's group q, zero at the others.
 template <int NT>
 __device__ __forceinline__ void gemv_q6_mma_rows(const GemvArgs& a) {
-    // x in MMA order, row after row: unit u of a row (columns 8u .. 8u + 7) as (x0, x2),
-    // (x1, x3), (x4, x6), (x5, x7), zero past K (those columns' codes are a clamped group's:
-    // finite, times zero) and in the rows past the batch; `zero` is what the lanes off the B
-    // operand's diagonal read instead.
+    // x in MMA order (x8_mma_order), row after row, unit u of a row its columns 8u .. 8u + 7;
+    // zero past K (those columns' codes are a clamped group's: finite, times zero) and in the
+    // rows past the batch; `zero` is what the lanes off the B operand's diagonal read instead.
     extern __shared__ uint4 q6_smem[];
     uint4* zero = q6_smem;
     uint4* xs = q6_smem + 8;
@@ -311,8 +317,7 @@ __device__ __forceinline__ void gemv_q6_mma_rows(const GemvArgs& a) {
         const int b = c / units, u = c - b * units;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (b < a.batch && u < a.m.cols / 8) v = ldg16(a.x + (size_t)b * a.ldx + (size_t)u * 8);
-        xs[c] = make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632), __byte_perm(v.z, v.w, 0x5410),
-                           __byte_perm(v.z, v.w, 0x7632));
+        xs[c] = x8_mma_order(v);
     }
     __syncthreads();
     // acc[c][h]: row g + 8h of batch row 2c + t / 2, this lane's two groups of each block.
@@ -441,9 +446,9 @@ __device__ __forceinline__ void gemv_q6_mma_cols(const GemvArgs& a) {
                 q6_pairs(j ? cur.ql[1].y : cur.ql[1].x, cur.qh[1], j, p1);
 #pragma unroll
                 for (int c = 0; c < NT; ++c) {
-                    const uint4 v = xr[c] ? ldg16(xr[c] + ugrp * 64 + 8 * j) : make_uint4(0u, 0u, 0u, 0u);
-                    mma_bf16(d[c], p0[0], p1[0], p0[1], p1[1], __byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632));
-                    mma_bf16(d[c], p0[2], p1[2], p0[3], p1[3], __byte_perm(v.z, v.w, 0x5410), __byte_perm(v.z, v.w, 0x7632));
+                    const uint4 v = x8_mma_order(xr[c] ? ldg16(xr[c] + ugrp * 64 + 8 * j) : make_uint4(0u, 0u, 0u, 0u));
+                    mma_bf16(d[c], p0[0], p1[0], p0[1], p1[1], v.x, v.y);
+                    mma_bf16(d[c], p0[2], p1[2], p0[3], p1[3], v.z, v.w);
                 }
             }
             // d: rows g (d0, d1) and g + 8 (d2, d3) of batch columns 8c + 2t, + 1: the group's sum.

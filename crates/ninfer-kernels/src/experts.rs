@@ -1,5 +1,5 @@
 //! Launchers of kernels/experts.cu and experts_batch.cu: the MoE experts per slot (decode, every
-//! encoding), gate/up of a decode batch and the experts of a prompt pass grouped by expert (NVFP4
+//! encoding), those of a decode batch and of a prompt pass run once per chosen expert (NVFP4
 //! banks on the tensor cores), and the sum of each token's slots into the residual.
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDrop};
@@ -13,9 +13,9 @@ use crate::table::Kernel;
 
 /// The most tokens a grouped launch takes (an expert's slot list lives in shared memory).
 pub const GROUPED_MAX_TOKENS: usize = 1024;
-/// The most tokens a batch gate_up launch takes (MMA_EXPERT_MAX_TOKENS in experts_batch.cu).
+/// The most tokens a batch expert launch takes (MMA_EXPERT_MAX_TOKENS in experts_batch.cu).
 pub const BATCH_MAX_TOKENS: usize = 16;
-/// The warps of a batch gate_up block (MMA_EXPERT_WARPS in experts_batch.cu).
+/// The warps of a batch expert block (MMA_EXPERT_WARPS in experts_batch.cu).
 const BATCH_WARPS: usize = 4;
 /// The most a grouped kernel's K (H for gate_up, I for down) may be: 8 warps × 8 groups of 32.
 const GROUPED_MAX_K: usize = 2048;

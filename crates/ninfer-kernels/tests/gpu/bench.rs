@@ -242,7 +242,7 @@ fn bench_moe_prompt() {
             let batch = time_rotating(&s, ROUTINGS, 16, |r| {
                 g.ks.moe_gate_up_batch(&s, &gu, Some(&sguv), &x, h, (t, k), &ids[r], &mut m).unwrap();
             });
-            let batch_down = time_rotating(&s, ROUTINGS, 16, |r| {
+            let batch_all = time_rotating(&s, ROUTINGS, 16, |r| {
                 g.ks.moe_gate_up_batch(&s, &gu, Some(&sguv), &x, h, (t, k), &ids[r], &mut m).unwrap();
                 g.ks.moe_down_batch(&s, &dn, Some(&sdnv), &m, (t, k), &ids[r], &w, &mut part).unwrap();
                 g.ks.moe_combine(&s, &part, &ids[r], t, k, e, true, &mut y, h, h).unwrap();
@@ -253,7 +253,7 @@ fn bench_moe_prompt() {
             });
             report(&format!("moe experts T={t} batch gate_up alone"), batch, 0.0);
             report(&format!("moe experts T={t} batch gate_up + down"), batch_gu_dn, 0.0);
-            report(&format!("moe experts T={t} batch (gate_up, down, combine)"), batch_down, 0.0);
+            report(&format!("moe experts T={t} batch (gate_up, down, combine)"), batch_all, 0.0);
         }
         report(&format!("moe experts T={t} per-slot"), per_slot, 0.0);
         report(&format!("moe experts T={t} per-slot, gate_up alone"), gate_up, 0.0);

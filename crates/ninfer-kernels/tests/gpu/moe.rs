@@ -1,5 +1,5 @@
 //! moe.cu (router), experts.cu and experts_batch.cu: the per-slot expert-bank kernels, the
-//! batch gate_up and the grouped ones.
+//! batch ones (gate/up and down) and the grouped ones.
 
 use ninfer_kernels::{bf16, Routing, BATCH_MAX_TOKENS, GROUPED_MAX_TOKENS};
 

@@ -532,7 +532,6 @@ fn batch(mw: &MoeW, d: &Dims, t: usize) -> bool {
     (BATCH_MIN_TOKENS..=BATCH_MAX_TOKENS).contains(&t) && nvfp4 && (mw.shared.is_none() || mw.fused) && shapes
 }
 
-
 /// Whether a pass of `t` tokens runs its experts grouped (kernels/experts.cu): NVFP4 banks, a
 /// shared expert riding in the same launches (or none), and shapes the grouped kernels take.
 fn grouped(mw: &MoeW, d: &Dims, t: usize) -> bool {
