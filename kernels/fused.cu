@@ -24,10 +24,26 @@
 //   added into bf16 y, the output projection's residual add). dim % 8 == 0. Launched in
 //   clusters of GNORM_CLUSTER blocks (the grid a multiple of it): each block of a cluster
 //   builds every GNORM_CLUSTER-th head and takes the others' from their shared memory.
+//
+// ninfer_gemv_<enc>_norm_mma_b8 / _b16  (GemvNormArgs; batches of 2-8 / 9-16 rows)
+//   ninfer_gemv_<enc>_norm_b1 for g.batch rows x[b] (row stride g.ldx), y [batch, g.ldy], on
+//   the tensor-core product of gemv.cu's ninfer_gemv_<enc>_mma_b<NB> (gemv_mma.cuh): every block
+//   norms the batch's rows once into dynamic shared memory with ninfer_rms_norm's sums in its
+//   order (the same bits), block 0 also storing them in a_out [batch, K], then streams 16-row
+//   tiles. Rows of NORM_LD(K) = ceil(K / 64) * 64 + 32 bf16, so that the eight rows and four
+//   column chunks a quarter warp reads fall on distinct banks. Dynamic shared memory (fused.rs):
+//   batch * NORM_LD(K) * 2 + K * 2 + batch * K / 2 bytes. Launch: block 256, grid at most
+//   ceil(N / 16) (the blocks resident at once: block b takes tiles b, b + gridDim.x, ...).
+//
+// ninfer_gemv_<enc>_norm_conv_mma_b8 / _b16  (NormConvArgs; a decode batch of 2-16 sequences)
+//   ninfer_gemv_<enc>_norm_mma_b<NB> (bf16 y), then ninfer_gdn_conv of row b as a one-token
+//   sequence in state slot slot[b], for the rows lo <= r < lo + C: conv_y [batch, C], the
+//   states [slots, 3, C] moved on by one input. The thread that stores output (r, b) runs its
+//   conv, with the state it loaded right after grid_wait().
 #include <cooperative_groups.h>
 
 #include "conv.cuh"
-#include "gemv.cuh"
+#include "gemv_mma.cuh"
 #include "rms.cuh"
 
 #define FUSED_MAX_K 8192
@@ -139,8 +155,8 @@ struct NormConvArgs {
     GemvNormArgs n;
     const bf16* conv_w;  // [C, 4]
     bf16* state;         // [slots, 3, C]
-    bf16* conv_y;        // [C]
-    const int* slot;     // the sequence's state slot
+    bf16* conv_y;        // [C] (one row), [batch, C] (a batch)
+    const int* slot;     // the sequence's state slot, or each row's in a batch
     int lo;
     int channels;
 };
@@ -236,6 +252,119 @@ __device__ __forceinline__ void gnorm_body(const GatedArgs& a) {
     row_product<Enc, 4>(a.g, [&](bf16* xs) { fill_gated(xs, a); }, [](int, float) {});
     cooperative_groups::this_cluster().barrier_wait();
 }
+
+#define NORM_LD(k) (((k) + 63) / 64 * 64 + 32)
+
+// The batch's rows normed into xs (row stride NORM_LD(K)), each element as ninfer_rms_norm
+// computes it: every thread loads its chunks of x (chunk i of the rows laid end to end, i =
+// thread, thread + 256, ...; four loads in flight) and of norm_w into shared memory with each
+// chunk's sum of squares (sq8); warp w then sums rows w and w + 8 in rms.cuh's order (lane l
+// the chunks l, l + 32, ..., then the warp), and the chunks are normed in place; block 0 also
+// stores them in a_out. Dynamic shared memory after xs: norm_w [K] bf16, then the chunks' sums
+// [batch, K / 8] f32 (norm_smem in fused.rs). (Every chunk copied by cp.async, all in flight
+// at once, was slower: docs/performance.md.)
+__device__ __forceinline__ void fill_norm_rows(bf16* xs, const GemvNormArgs& na) {
+    __shared__ float inv_s[16];
+    const int k = na.g.m.cols, nch = k / 8, total = na.g.batch * nch;
+    bf16* ws = xs + (size_t)na.g.batch * NORM_LD(k);
+    float* sq = reinterpret_cast<float*>(ws + k);
+    for (int c = threadIdx.x; c < nch; c += FUSED_THREADS)
+        *reinterpret_cast<uint4*>(ws + c * 8) = ldg16(na.norm_w + c * 8);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < total; i += FUSED_THREADS) {
+        const int b = i / nch, c = i - b * nch;
+        const uint4 raw = ldg16(na.g.x + (size_t)b * na.g.ldx + c * 8);
+        float v[8];
+        unpack_bf8(raw, v);
+        *reinterpret_cast<uint4*>(xs + (size_t)b * NORM_LD(k) + c * 8) = raw;
+        sq[i] = sq8(v);
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int b = warp; b < na.g.batch; b += MMA_WARPS) {
+        float ss = 0.f;
+        for (int c = lane; c < nch; c += NINFER_WARP) ss += sq[b * nch + c];
+        ss = warp_sum1(ss);
+        if (lane == 0) inv_s[b] = rsqrtf(ss / (float)k + na.eps);
+    }
+    __syncthreads();
+    bf16* a_out = blockIdx.x == 0 ? na.a_out : nullptr;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < total; i += FUSED_THREADS) {
+        const int b = i / nch, c = i - b * nch;
+        uint4* p = reinterpret_cast<uint4*>(xs + (size_t)b * NORM_LD(k) + c * 8);
+        const float inv = inv_s[b];
+        float v[8], wv[8];
+        unpack_bf8(*p, v);
+        unpack_bf8(*reinterpret_cast<const uint4*>(ws + c * 8), wv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = v[j] * inv * (1.0f + wv[j]);
+        const uint4 out = pack_bf8(v);
+        *p = out;
+        if (a_out != nullptr) *reinterpret_cast<uint4*>(a_out + (size_t)b * k + c * 8) = out;
+    }
+}
+
+template <typename M, int NT>
+__device__ __forceinline__ void norm_mma_body(const GemvNormArgs& na) {
+    extern __shared__ __align__(16) bf16 xs_dyn[];
+    mma_product<M, NT, 4, true, true>(na.g, xs_dyn, NORM_LD(na.g.m.cols), [&] { fill_norm_rows(xs_dyn, na); }, [](int) {}, [](int, int, float) {});
+}
+
+// Thread i stores output i of each of its block's tiles (16 rows x 8 * NT slots, at most one
+// each with the 256 threads): its row's slot is read before the norm, and each tile's conv
+// state as the tile starts, so that the epilogue waits on no memory.
+template <typename M, int NT>
+__device__ __forceinline__ void norm_conv_mma_body(const NormConvArgs& a) {
+    extern __shared__ __align__(16) bf16 xs_dyn[];
+    static_assert(16 * 8 * NT <= FUSED_THREADS, "one output per thread");
+    const size_t C = a.channels;
+    const int r = threadIdx.x / (8 * NT), b = threadIdx.x - r * 8 * NT;
+    const bool live = r < 16 && b < a.n.g.batch;
+    int slot = 0, c = 0;
+    bool mine = false;
+    uint2 taps = make_uint2(0, 0);
+    float h0 = 0.f, h1 = 0.f, h2 = 0.f;
+    bf16* st = nullptr;
+    mma_product<M, NT, 4, true, true>(
+        a.n.g, xs_dyn, NORM_LD(a.n.g.m.cols),
+        [&] {
+            if (live) slot = a.slot[b];
+            fill_norm_rows(xs_dyn, a.n);
+        },
+        [&](int tile) {
+            c = tile * 16 + r - a.lo;
+            mine = live && c >= 0 && c < a.channels;
+            if (!mine) return;
+            taps = __ldg(reinterpret_cast<const uint2*>(a.conv_w + (size_t)c * 4));
+            st = a.state + (size_t)slot * 3 * C + c;
+            h0 = bf2f(st[0]);
+            h1 = bf2f(st[C]);
+            h2 = bf2f(st[2 * C]);
+        },
+        [&](int, int, float v) {
+            if (!mine) return;
+            const float x = round_bf(v);
+            a.conv_y[(size_t)b * C + c] = conv4_silu(taps, h0, h1, h2, x);
+            st[0] = f2bf(h1);
+            st[C] = f2bf(h2);
+            st[2 * C] = f2bf(x);
+        });
+}
+
+// Held to the blocks per SM of the plain products (gemv.cu: three of 2-8 rows at 74-80
+// registers, two of 9-16), which the conv's state registers would otherwise cost.
+#define NINFER_FUSED_MMA(name, M, NB, NT, MINB)                                                                           \
+    extern "C" __global__ void __launch_bounds__(256, MINB) ninfer_gemv_##name##_norm_mma_b##NB(GemvNormArgs a) {      \
+        norm_mma_body<M, NT>(a);                                                                                          \
+    }                                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, MINB) ninfer_gemv_##name##_norm_conv_mma_b##NB(NormConvArgs a) { \
+        norm_conv_mma_body<M, NT>(a);                                                                                     \
+    }
+NINFER_FUSED_MMA(bf16, MmaBf16, 8, 1, 3)
+NINFER_FUSED_MMA(bf16, MmaBf16, 16, 2, 2)
+NINFER_FUSED_MMA(q8_g32, MmaQ8, 8, 1, 3)
+NINFER_FUSED_MMA(q8_g32, MmaQ8, 16, 2, 2)
 
 #define NINFER_FUSED(name, Enc)                                                                          \
     extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_norm_b1(GemvNormArgs a) {      \

@@ -23,6 +23,7 @@
 //   are summed from zero and scaled by the group's f16 scale in f32. K must be a multiple of
 //   32. Launch: block 256 = 8 warps on one 16-row tile, warp w taking the 32-column groups w,
 //   w+8, ... and the warps' partials summed in shared memory in warp order; grid ceil(N / 16).
+//   The body is gemv_mma.cuh's, which fused.cu's normed products of 2-16 rows share.
 //
 // ninfer_gemv_q6_g64_mma_b2 / _b4  (batches of 1-2 and 3-4 rows; K % 64 == 0, NB * K <= 32768)
 //   The contract above on the tensor cores (mma.m16n8k16, bf16 operands, f32 accumulation).
@@ -48,7 +49,7 @@
 // Dependent launch (common.cuh): the dense kernels load their first weight chunks and ask L2
 // for the rest of their rows before grid_wait(), so a projection's weights stream in while the
 // kernel ahead of it (a norm, the recurrence) finishes.
-#include "gemv.cuh"
+#include "gemv_mma.cuh"
 
 template <typename Enc, int NB>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
@@ -82,18 +83,6 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
         });
 }
 
-// Four int8 codes (a u32) to two bf16x2 pairs, exactly: bytes 0-1 into `lo`, 2-3 into `hi`.
-__device__ __forceinline__ void i8x4_bf16(uint32_t w, uint32_t& lo, uint32_t& hi) {
-    const uint32_t u = w ^ 0x80808080u;  // biased to 0..255, then 2^23 + b as f32 bits
-    const float f0 = byte_to_f(u, 0, MAGIC_2P23 + 128.f), f1 = byte_to_f(u, 1, MAGIC_2P23 + 128.f);
-    const float f2 = byte_to_f(u, 2, MAGIC_2P23 + 128.f), f3 = byte_to_f(u, 3, MAGIC_2P23 + 128.f);
-    lo = pack_bf2(f0, f1);
-    hi = pack_bf2(f2, f3);
-}
-
-#define MMA_WARPS 8
-#define MMA_UNROLL 4
-
 __device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
     const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
     return *reinterpret_cast<const uint32_t*>(&r);
@@ -103,136 +92,6 @@ __device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
 // 0x43 above a code c < 128 is the bf16 of 128 + c; minus 160 leaves c - 32.
 __device__ __forceinline__ uint32_t q6_bf16x2(uint32_t b, bool upper) {
     return bf16x2_sub(__byte_perm(b, 0x43434343u, upper ? 0x4342 : 0x4140), 0x43204320u);
-}
-
-// One lane's share of a 32-column group, for the rows g and g + 8 of a 16-row tile (t = lane
-// % 4): 8 contiguous elements of each row (columns 8t..8t+7 of the group) and the rows' scales.
-// The MMA k order: in step s (0, 1) of a group, lane t's k indices 2t, 2t+1 are columns
-// 8t+4s, 8t+4s+1 and 2t+8, 2t+9 are columns 8t+4s+2, 8t+4s+3, for A and B alike, so that each
-// lane reads contiguous weights and x.
-struct MmaQ8 {
-    static constexpr bool SCALED = true;
-    struct Group { uint2 q[2]; uint16_t s[2]; };
-    __device__ static Group load(const Mat& m, int row0, int g, int t, int grp) {
-        Group r;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            // Rows past the matrix read its last row; their outputs are not stored.
-            const size_t row = min(row0 + g + 8 * h, m.rows - 1);
-            const int8_t* q = static_cast<const int8_t*>(m.p0) + row * m.cols + grp * 32 + 8 * t;
-            asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.q[h].x), "=r"(r.q[h].y) : "l"(q));
-            r.s[h] = __ldg(static_cast<const uint16_t*>(m.p1) + row * (m.cols / 32) + grp);
-        }
-        return r;
-    }
-    // A of step st: rows g then g + 8, k pairs (2t, 2t+1) then (2t+8, 2t+9).
-    __device__ static void a_regs(const Group& w, int st, uint32_t (&a)[4]) {
-        i8x4_bf16(st ? w.q[0].y : w.q[0].x, a[0], a[2]);
-        i8x4_bf16(st ? w.q[1].y : w.q[1].x, a[1], a[3]);
-    }
-    __device__ static float scale(const Group& w, int h) { return f16_bits_to_f(w.s[h]); }
-};
-
-struct MmaBf16 {
-    static constexpr bool SCALED = false;
-    struct Group { uint4 d[2]; };
-    __device__ static Group load(const Mat& m, int row0, int g, int t, int grp) {
-        Group r;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const size_t row = min(row0 + g + 8 * h, m.rows - 1);
-            r.d[h] = ld_stream16(static_cast<const bf16*>(m.p0) + row * m.cols + grp * 32 + 8 * t);
-        }
-        return r;
-    }
-    __device__ static void a_regs(const Group& w, int st, uint32_t (&a)[4]) {
-        a[0] = st ? w.d[0].z : w.d[0].x;
-        a[2] = st ? w.d[0].w : w.d[0].y;
-        a[1] = st ? w.d[1].z : w.d[1].x;
-        a[3] = st ? w.d[1].w : w.d[1].y;
-    }
-    __device__ static float scale(const Group&, int) { return 1.f; }
-};
-
-// One group: its two MMA steps summed from zero per n tile, then scaled per row into acc.
-template <typename M, int NT>
-__device__ __forceinline__ void group_mma(float (&acc)[NT][4], const typename M::Group& w, const uint4 (&xb)[NT]) {
-    float d[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.f;
-#pragma unroll
-    for (int st = 0; st < 2; ++st) {
-        uint32_t a[4];
-        M::a_regs(w, st, a);
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            const uint32_t b0 = st ? xb[n].z : xb[n].x, b1 = st ? xb[n].w : xb[n].y;
-            mma_bf16(d[n], a[0], a[1], a[2], a[3], b0, b1);
-        }
-    }
-    const float s0 = M::scale(w, 0), s1 = M::scale(w, 1);
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-        acc[n][0] = fmaf(d[n][0], s0, acc[n][0]);
-        acc[n][1] = fmaf(d[n][1], s0, acc[n][1]);
-        acc[n][2] = fmaf(d[n][2], s1, acc[n][2]);
-        acc[n][3] = fmaf(d[n][3], s1, acc[n][3]);
-    }
-}
-
-template <typename M, int NT>
-__device__ __forceinline__ void gemv_mma_body(const GemvArgs& a) {
-    __shared__ float part[MMA_WARPS][16][8 * NT];
-    grid_release();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const int row0 = blockIdx.x * 16;
-    const int groups = a.m.cols / 32;
-    float acc[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-    typename M::Group w[MMA_UNROLL];
-#pragma unroll
-    for (int u = 0; u < MMA_UNROLL; ++u) {
-        const int grp = warp + MMA_WARPS * u;
-        if (grp < groups) w[u] = M::load(a.m, row0, g, t, grp);
-    }
-    grid_wait();
-    for (int base = warp; base < groups; base += MMA_WARPS * MMA_UNROLL) {
-#pragma unroll
-        for (int u = 0; u < MMA_UNROLL; ++u) {
-            const int grp = base + MMA_WARPS * u;
-            if (grp >= groups) break;
-            const typename M::Group cur = w[u];
-            const int next = grp + MMA_WARPS * MMA_UNROLL;
-            if (next < groups) w[u] = M::load(a.m, row0, g, t, next);
-            // B: x rows g (and 8 + g) at this lane's 8 columns; rows past the batch are zero.
-            uint4 xb[NT];
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                const int b = 8 * n + g;
-                xb[n] = b < a.batch ? ldg16(a.x + (size_t)b * a.ldx + grp * 32 + 8 * t) : make_uint4(0, 0, 0, 0);
-            }
-            group_mma<M, NT>(acc, cur, xb);
-        }
-    }
-    // C: acc[n][0..1] are row g, batch rows 8n + 2t, 8n + 2t + 1; acc[n][2..3] the same of g + 8.
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-        part[warp][g][8 * n + 2 * t] = acc[n][0];
-        part[warp][g][8 * n + 2 * t + 1] = acc[n][1];
-        part[warp][g + 8][8 * n + 2 * t] = acc[n][2];
-        part[warp][g + 8][8 * n + 2 * t + 1] = acc[n][3];
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < 16 * 8 * NT; i += blockDim.x) {
-        const int r = i / (8 * NT), b = i - r * 8 * NT;
-        if (row0 + r >= a.m.rows || b >= a.batch) continue;
-        float sum = 0.f;
-#pragma unroll
-        for (int v = 0; v < MMA_WARPS; ++v) sum += part[v][r][b];
-        store_out(a.y, (size_t)b * a.ldy + row0 + r, sum, a.out_f32, a.accumulate);
-    }
 }
 
 #define Q6_BLOCK 256  // columns a warp's lanes take per step of a tile: four groups of 64
@@ -487,15 +346,19 @@ __device__ __forceinline__ void gemv_q6_mma_cols(const GemvArgs& a) {
     NINFER_GEMV(name, Enc, 8)      \
     NINFER_GEMV(name, Enc, 16)
 NINFER_GEMV(bf16, EncBf16, 1)
-#define NINFER_GEMV_MMA(name, M)                                                                    \
-    extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_mma_b8(GemvArgs a) {  \
-        gemv_mma_body<M, 1>(a);                                                                     \
-    }                                                                                               \
-    extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_mma_b16(GemvArgs a) { \
-        gemv_mma_body<M, 2>(a);                                                                     \
+// U8: weight groups in flight per warp of 2-8 rows. Eight for q8_g32, where four left the
+// 2,048-row output projections of a batched decode step (128 blocks: one per SM) far from the
+// bandwidth (104 registers, two blocks per SM); four for bf16 (eight take 154 registers). Four
+// of 9-16 rows: six (two blocks per SM still) was no faster (docs/performance.md).
+#define NINFER_GEMV_MMA(name, M, U8)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_mma_b8(GemvArgs a) {    \
+        mma_product<M, 1, U8, false, false>(a, a.x, a.ldx, [] {}, [](int) {}, [](int, int, float) {}); \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_mma_b16(GemvArgs a) {   \
+        mma_product<M, 2, 4, false, false>(a, a.x, a.ldx, [] {}, [](int) {}, [](int, int, float) {});  \
     }
-NINFER_GEMV_MMA(bf16, MmaBf16)
-NINFER_GEMV_MMA(q8_g32, MmaQ8)
+NINFER_GEMV_MMA(bf16, MmaBf16, 4)
+NINFER_GEMV_MMA(q8_g32, MmaQ8, 8)
 NINFER_GEMV(q8_g32, EncQ8, 1)
 // Two blocks per SM (at most 128 registers).
 extern "C" __global__ void __launch_bounds__(256, 2) ninfer_gemv_q6_g64_mma_b2(GemvArgs a) { gemv_q6_mma_rows<1>(a); }

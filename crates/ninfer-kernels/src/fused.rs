@@ -1,14 +1,14 @@
 //! Launchers of the fused projections (kernels/fused.cu, and `gemv_add` of kernels/gemv.cu):
-//! a row normed inside its product (`gemv_norm`), the same with the GDN conv in its epilogue
-//! (`gemv_norm_conv`), a row gated-normed inside its product (`gemv_gnorm`), a product added
-//! into the residual stream (`gemv_add`).
+//! rows normed inside their product (`gemv_norm`, one row or a batch of up to 16), the same
+//! with the GDN conv in its epilogue (`gemv_norm_conv`), a row gated-normed inside its product
+//! (`gemv_gnorm`), a product added into the residual stream (`gemv_add`).
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig};
 use half::bf16;
 
 use crate::gdn::GDN_CONV_WIDTH;
-use crate::gemv::{Encoding, GemvArgs, GemvOut, MatrixView, ROWS_PER_BLOCK};
-use crate::launch::{device_args, dptr, dptr_mut, Check, Result};
+use crate::gemv::{span, Encoding, GemvArgs, GemvOut, MatrixView, GEMV_MAX_BATCH, ROWS_PER_BLOCK};
+use crate::launch::{blocks, device_args, dptr, dptr_mut, Check, Result};
 use crate::loader::KernelSet;
 use crate::table::Kernel;
 
@@ -44,15 +44,16 @@ struct GatedArgs {
 }
 device_args!(GatedArgs, 112);
 
-/// The GDN conv a normed product runs on its rows `lo..lo + w.len() / 4` ([`KernelSet::gemv_norm_conv`]).
+/// The GDN conv a normed product runs on its rows `lo..lo + w.len() / 4` of each input row
+/// ([`KernelSet::gemv_norm_conv`]), every row a one-token sequence.
 pub struct ConvTail<'a, 'b> {
     /// `[C, 4]` conv weights.
     pub w: CudaView<'a, bf16>,
     /// `[num_slots, 3, C]` conv states.
     pub state: &'b mut CudaSlice<bf16>,
-    /// The one sequence's state slot (one i32 on the device).
+    /// Each row's state slot (one i32 per row on the device).
     pub slot: CudaView<'a, i32>,
-    /// `[C]` conv outputs.
+    /// `[rows, C]` conv outputs.
     pub y: &'b mut CudaViewMut<'a, bf16>,
     /// The first conv row of the product.
     pub lo: usize,
@@ -62,56 +63,63 @@ pub struct ConvTail<'a, 'b> {
 const GNORM_CLUSTER: u32 = 8;
 
 impl KernelSet {
-    /// One row normed and multiplied in one launch: `a = bf16(x / rms(x) · (1 + norm_w))` (the
-    /// zero-centred RMSNorm of [`KernelSet::rms_norm`]) and `y = a · Wᵀ`, bit for bit what the
-    /// two launches give; with `a_out`, `a` is stored there too. bf16 and q8_g32 matrices.
+    /// Rows normed and multiplied in one launch: `a = bf16(x / rms(x) · (1 + norm_w))` (the
+    /// zero-centred RMSNorm of [`KernelSet::rms_norm`]) of each of `batch` (1..=16) dense rows of
+    /// `x` and `y[b] = a[b] · Wᵀ` (`[batch, ldy]`), bit for bit what the two launches give; with
+    /// `a_out`, `a` is stored there too (`[batch, cols]`). bf16 and q8_g32 matrices; 2-16 rows
+    /// on the tensor cores, at most [`NORM_BATCH_X`] x elements.
     pub fn gemv_norm<O: GemvOut>(
         &self,
         stream: &CudaStream,
         w: &MatrixView,
         x: &impl DevicePtr<bf16>,
-        norm_w: &impl DevicePtr<bf16>,
-        eps: f32,
+        (batch, ldy): (usize, usize),
+        (norm_w, eps): (&impl DevicePtr<bf16>, f32),
         y: &mut impl DevicePtrMut<O>,
         a_out: Option<&mut CudaViewMut<'_, bf16>>,
     ) -> Result<()> {
-        let c = fused_check(w, (Kernel::GemvBf16NormB1, Kernel::GemvQ8NormB1), "normed")?;
+        let c = normed_check(w, batch, false)?;
+        c.ensure(ldy >= w.rows, || format!("ldy {ldy} < rows {}", w.rows))?;
         let (yl, (yp, _gy)) = (y.len(), dptr_mut(y, stream));
-        c.len("y", yl, w.rows)?;
-        self.launch_normed(&c, stream, w, (x, norm_w, eps), (yp, O::IS_F32), a_out, |args| args)
+        c.len("y", yl, span(batch, w.rows, ldy))?;
+        self.launch_normed(&c, stream, w, (x, norm_w, eps), (batch, ldy), (yp, O::IS_F32), a_out, |args| args)
     }
 
-    /// [`KernelSet::gemv_norm`] into bf16 `y`, then [`KernelSet::gdn_conv`] of that one token
-    /// on the rows `conv.lo..conv.lo + C`: bit for bit what the three launches give.
+    /// [`KernelSet::gemv_norm`] into bf16 `y` (`[batch, rows]`), then [`KernelSet::gdn_conv`]
+    /// on the rows `conv.lo..conv.lo + C` of each of the `batch` rows, row b a one-token
+    /// sequence in state slot `conv.slot[b]`: bit for bit what the three launches give.
     pub fn gemv_norm_conv(
         &self,
         stream: &CudaStream,
         w: &MatrixView,
         x: &impl DevicePtr<bf16>,
-        norm_w: &impl DevicePtr<bf16>,
-        eps: f32,
+        batch: usize,
+        (norm_w, eps): (&impl DevicePtr<bf16>, f32),
         y: &mut impl DevicePtrMut<bf16>,
         a_out: Option<&mut CudaViewMut<'_, bf16>>,
         conv: ConvTail,
     ) -> Result<()> {
-        let c = fused_check(w, (Kernel::GemvBf16NormConvB1, Kernel::GemvQ8NormConvB1), "normed")?;
+        let c = normed_check(w, batch, true)?;
         let ch = conv.w.len() / GDN_CONV_WIDTH;
         c.ensure(ch > 0 && conv.lo + ch <= w.rows, || format!("conv rows {}..{} of {} rows", conv.lo, conv.lo + ch, w.rows))?;
         c.ensure(conv.state.len().is_multiple_of((GDN_CONV_WIDTH - 1) * ch), || format!("conv state of {} for {ch} channels", conv.state.len()))?;
-        // Lane k of a warp convolves the warp's k-th row (fused.cu).
-        let per_warp = w.rows.div_ceil(self.row_grid(c.kernel, w.rows) as usize * ROWS_PER_BLOCK);
-        c.ensure(per_warp <= 32, || format!("{} rows take {per_warp} per warp on this card, more than the conv epilogue's 32", w.rows))?;
+        if batch == 1 {
+            // Lane k of a warp convolves the warp's k-th row (fused.cu).
+            let per_warp = w.rows.div_ceil(self.row_grid(c.kernel, w.rows) as usize * ROWS_PER_BLOCK);
+            c.ensure(per_warp <= 32, || format!("{} rows take {per_warp} per warp on this card, more than the conv epilogue's 32", w.rows))?;
+        }
         let (yl, sl, (yp, _gy)) = (y.len(), conv.slot.len(), dptr_mut(y, stream));
-        c.len("y", yl, w.rows)?;
-        c.len("slot", sl, 1)?;
-        c.len("conv y", conv.y.len(), ch)?;
+        c.len("y", yl, batch * w.rows)?;
+        c.len("slot", sl, batch)?;
+        c.len("conv y", conv.y.len(), batch * ch)?;
         let (cwp, _gw) = conv.w.device_ptr(stream);
         c.aligned("conv w", cwp, 8)?;
         let (slp, _gsl) = conv.slot.device_ptr(stream);
         let (stp, _gst) = conv.state.device_ptr_mut(stream);
         let (cyp, _gcy) = conv.y.device_ptr_mut(stream);
         let (lo, channels) = (c.i32("lo", conv.lo)?, c.i32("channels", ch)?);
-        self.launch_normed(&c, stream, w, (x, norm_w, eps), (yp, false), a_out, |n| NormConvArgs { n, conv_w: cwp, state: stp, conv_y: cyp, slot: slp, lo, channels })
+        let rows = (batch, w.rows);
+        self.launch_normed(&c, stream, w, (x, norm_w, eps), rows, (yp, false), a_out, |n| NormConvArgs { n, conv_w: cwp, state: stp, conv_y: cyp, slot: slp, lo, channels })
     }
 
     /// `y (+)= a·Wᵀ` for one row, `a` the gated RMSNorm of [`KernelSet::gated_rms_norm`] of `x`
@@ -140,7 +148,7 @@ impl KernelSet {
         c.aligned("z", zp, 16)?;
         c.aligned("norm_w", np, 16)?;
         let dim = c.i32("dim", dim)?;
-        self.launch_row(&c, stream, w, x, (yp, false, accumulate), GNORM_CLUSTER, |g| GatedArgs { g, z: zp, norm_w: np, dim, eps })
+        self.launch_row(&c, stream, w, x, (1, w.rows), (yp, false, accumulate), GNORM_CLUSTER, |g| GatedArgs { g, z: zp, norm_w: np, dim, eps })
     }
 
     /// `y = bf16(y + bf16(x·Wᵀ))` for `batch` rows: a projection added into the residual stream
@@ -169,18 +177,48 @@ fn fused_check(w: &MatrixView, (bf16, q8): (Kernel, Kernel), what: &str) -> Resu
     }
 }
 
+/// The check of a normed product (with the conv epilogue or without) of `batch` rows: the
+/// one-row kernel, or the tensor-core one of 2-8 or 9-16 rows.
+fn normed_check(w: &MatrixView, batch: usize, conv: bool) -> Result<Check> {
+    use Kernel::*;
+    let kernels = match conv {
+        false => [(GemvBf16NormB1, GemvQ8NormB1), (GemvBf16NormMmaB8, GemvQ8NormMmaB8), (GemvBf16NormMmaB16, GemvQ8NormMmaB16)],
+        true => [(GemvBf16NormConvB1, GemvQ8NormConvB1), (GemvBf16NormConvMmaB8, GemvQ8NormConvMmaB8), (GemvBf16NormConvMmaB16, GemvQ8NormConvMmaB16)],
+    };
+    let bucket = match batch {
+        0 | 1 => 0,
+        2..=8 => 1,
+        _ => 2,
+    };
+    let c = fused_check(w, kernels[bucket], "normed")?;
+    c.ensure((1..=GEMV_MAX_BATCH).contains(&batch), || format!("batch {batch} outside 1..={GEMV_MAX_BATCH}"))?;
+    Ok(c)
+}
+
 /// The longest row a normed product takes (its copy in shared memory, kernels/fused.cu).
 const NORM_MAX_K: usize = 8192;
 
+/// The most x elements (rows times K) a normed product of 2-16 rows holds in shared memory:
+/// 64 KiB of bf16 (plus padding), 16 rows of 2,048 or 8 of 4,096, so that two blocks fit an SM.
+pub const NORM_BATCH_X: usize = 32_768;
+
+/// A normed tensor-core product's dynamic shared memory (fused.cu): the rows (stride NORM_LD),
+/// the norm weight, and each 8-column chunk's sum of squares.
+fn norm_smem(batch: usize, k: usize) -> usize {
+    batch * (k.div_ceil(64) * 64 + 32) * 2 + k * 2 + batch * k / 8 * 4
+}
+
 impl KernelSet {
-    /// Checks and launches a normed one-row product writing `y` (its device address, and whether
-    /// it is f32); `args` wraps the product's arguments into the kernel's.
+    /// Checks and launches a normed product of `batch` rows writing `y` (its device address,
+    /// and whether it is f32) with row stride `ldy`; `args` wraps the product's arguments into
+    /// the kernel's.
     fn launch_normed<'s, A: DeviceRepr>(
         &self,
         c: &Check,
         stream: &'s CudaStream,
         w: &'s MatrixView,
         (x, norm_w, eps): (&'s impl DevicePtr<bf16>, &'s impl DevicePtr<bf16>, f32),
+        (batch, ldy): (usize, usize),
         (yp, y_f32): (u64, bool),
         a_out: Option<&'s mut CudaViewMut<'_, bf16>>,
         args: impl FnOnce(GemvNormArgs) -> A,
@@ -191,26 +229,28 @@ impl KernelSet {
         c.aligned("norm_w", np, 16)?;
         let (ap, _ga) = match a_out {
             Some(a) => {
-                c.len("a_out", a.len(), w.cols)?;
+                c.len("a_out", a.len(), batch * w.cols)?;
                 let (p, g) = dptr_mut(a, stream);
                 c.aligned("a_out", p, 16)?;
                 (p, Some(g))
             }
             None => (0, None),
         };
-        self.launch_row(c, stream, w, x, (yp, y_f32, false), 1, |g| args(GemvNormArgs { g, norm_w: np, a_out: ap, eps, pad: 0 }))
+        self.launch_row(c, stream, w, x, (batch, ldy), (yp, y_f32, false), 1, |g| args(GemvNormArgs { g, norm_w: np, a_out: ap, eps, pad: 0 }))
     }
 
     /// The checks and launch every fused.cu kernel shares: one matrix of at most NORM_MAX_K
-    /// columns, one input row `x`, output `y` (its device address, whether it is f32, whether
-    /// the product is added into it), one warp per row on `row_grid`; `args` wraps the
-    /// product's arguments into the kernel's.
+    /// columns, `batch` dense input rows `x`, output `y` (its device address, whether it is
+    /// f32, whether the product is added into it) with row stride `ldy`. One row: a warp per
+    /// output row on `row_grid`; 2-16 rows: 16-row tiles streamed by the resident blocks, the
+    /// normed rows in dynamic shared memory. `args` wraps the product's arguments into the kernel's.
     fn launch_row<A: DeviceRepr>(
         &self,
         c: &Check,
         stream: &CudaStream,
         w: &MatrixView,
         x: &impl DevicePtr<bf16>,
+        (batch, ldy): (usize, usize),
         (yp, y_f32, accumulate): (u64, bool, bool),
         cluster: u32,
         args: impl FnOnce(GemvArgs) -> A,
@@ -220,13 +260,23 @@ impl KernelSet {
         let xl = x.len();
         let (m, _gm) = w.mat_args(c, stream)?;
         let (xp, _gx) = dptr(x, stream);
-        c.len("x", xl, w.cols)?;
+        c.len("x", xl, batch * w.cols)?;
         c.aligned("x", xp, 16)?;
-        let g = GemvArgs { m, x: xp, y: yp, batch: 1, ldx: c.i32("cols", w.cols)?, ldy: c.i32("rows", w.rows)?, out_f32: y_f32 as i32, accumulate: accumulate as i32, pad: 0 };
-        // A kernel launched in clusters takes a grid of whole clusters (blocks past the rows
-        // build the input row and stream nothing).
-        let grid = self.row_grid(c.kernel, w.rows).next_multiple_of(cluster);
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (ldx, ldy) = (c.i32("cols", w.cols)?, c.i32("ldy", ldy)?);
+        let g = GemvArgs { m, x: xp, y: yp, batch: c.i32("batch", batch)?, ldx, ldy, out_f32: y_f32 as i32, accumulate: accumulate as i32, pad: 0 };
+        let (grid, smem) = if batch == 1 {
+            // A kernel launched in clusters takes a grid of whole clusters (blocks past the rows
+            // build the input row and stream nothing).
+            (self.row_grid(c.kernel, w.rows).next_multiple_of(cluster), 0)
+        } else {
+            c.ensure(w.cols.is_multiple_of(32), || format!("cols {} not a multiple of 32 (tensor-core gemv)", w.cols))?;
+            c.ensure(batch * w.cols <= NORM_BATCH_X, || format!("{batch} rows of {} columns past the {NORM_BATCH_X} x elements of a normed batch", w.cols))?;
+            // The rows are normed once per block: no more blocks than are resident at once.
+            let smem = norm_smem(batch, w.cols);
+            let per_sm = self.function(c.kernel).occupancy_max_active_blocks_per_multiprocessor(256, smem, None)?;
+            (blocks(w.rows, 16).min((per_sm as usize).max(1) as u32 * self.num_sms() as u32), smem)
+        };
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 };
         self.launch_struct(stream, c.kernel, cfg, &args(g))
     }
 }

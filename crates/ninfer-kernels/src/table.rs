@@ -45,6 +45,14 @@ kernel_table! {
     GemvQ8NormConvB1 => "fused", "ninfer_gemv_q8_g32_norm_conv_b1";
     GemvBf16GnormB1 => "fused", "ninfer_gemv_bf16_gnorm_b1";
     GemvQ8GnormB1 => "fused", "ninfer_gemv_q8_g32_gnorm_b1";
+    GemvBf16NormMmaB8 => "fused", "ninfer_gemv_bf16_norm_mma_b8";
+    GemvBf16NormMmaB16 => "fused", "ninfer_gemv_bf16_norm_mma_b16";
+    GemvQ8NormMmaB8 => "fused", "ninfer_gemv_q8_g32_norm_mma_b8";
+    GemvQ8NormMmaB16 => "fused", "ninfer_gemv_q8_g32_norm_mma_b16";
+    GemvBf16NormConvMmaB8 => "fused", "ninfer_gemv_bf16_norm_conv_mma_b8";
+    GemvBf16NormConvMmaB16 => "fused", "ninfer_gemv_bf16_norm_conv_mma_b16";
+    GemvQ8NormConvMmaB8 => "fused", "ninfer_gemv_q8_g32_norm_conv_mma_b8";
+    GemvQ8NormConvMmaB16 => "fused", "ninfer_gemv_q8_g32_norm_conv_mma_b16";
     GemvBf16MmaB8 => "gemv", "ninfer_gemv_bf16_mma_b8";
     GemvBf16MmaB16 => "gemv", "ninfer_gemv_bf16_mma_b16";
     GemvQ8B1 => "gemv", "ninfer_gemv_q8_g32_b1";

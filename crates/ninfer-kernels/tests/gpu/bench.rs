@@ -74,6 +74,7 @@ fn bench_gemv_decode() {
         (Enc::Q8, 8192, 2048, 1),
         (Enc::Q8, 2048, 4096, 1),
         (Enc::Q8, 8192, 2048, 4),
+        (Enc::Q8, 2048, 4096, 4),
         (Enc::Q8, 8192, 2048, 8),
         (Enc::Q8, 8192, 2048, 16),
         (Enc::Q8, 2048, 4096, 16),
@@ -105,27 +106,29 @@ fn bench_gemv_decode() {
 #[test]
 #[ignore]
 fn bench_gemv_norm() {
-    // The GDN input projection of a decode step (z|qkv|b|a, q8_g32): the layer's norm and the
-    // product as two launches, and as one.
+    // The GDN input projection of a decode step (z|qkv|b|a, q8_g32) of 1, 4 and 16 rows: the
+    // layer's norm and the product as two launches, and as one.
     let Some(g) = gpu() else { return };
     let s = g.stream();
     let mut rng = Rng::new(1003);
     let (n, k) = (12_352, 2048);
     let host = HostMat::random(Enc::Q8, 1, n, k, 1, &mut rng);
     let ms: Vec<_> = (0..8).map(|_| host.upload(&s)).collect();
-    let (x, w) = (up(&s, &rng.bf16s(k, 1.0)), up(&s, &rng.bf16s(k, 0.1)));
-    let mut a = nan_bf16(&s, k);
-    let mut y = nan_f32(&s, n);
-    let rows = ninfer_kernels::Rows::dense(1, k);
-    let two = time_rotating(&s, ms.len(), 24, |i| {
-        g.ks.rms_norm(&s, &x, rows, &w, &mut a, rows, 1e-6).unwrap();
-        g.ks.gemv(&s, &ms[i].view(), &a, 1, k, &mut y, n).unwrap()
-    });
-    let one = time_rotating(&s, ms.len(), 24, |i| g.ks.gemv_norm(&s, &ms[i].view(), &x, &w, 1e-6, &mut y, None).unwrap());
-    let bytes = n as f64 * k as f64 * 1.0625;
-    report(&format!("rms_norm + gemv Q8 {n}x{k} b=1"), two, bytes);
-    report(&format!("gemv_norm Q8 {n}x{k} b=1"), one, bytes);
-    finite_f32(&down(&s, &y));
+    for b in [1usize, 4, 16] {
+        let (x, w) = (up(&s, &rng.bf16s(b * k, 1.0)), up(&s, &rng.bf16s(k, 0.1)));
+        let mut a = nan_bf16(&s, b * k);
+        let mut y = nan_f32(&s, b * n);
+        let rows = ninfer_kernels::Rows::dense(b, k);
+        let two = time_rotating(&s, ms.len(), 24, |i| {
+            g.ks.rms_norm(&s, &x, rows, &w, &mut a, rows, 1e-6).unwrap();
+            g.ks.gemv(&s, &ms[i].view(), &a, b, k, &mut y, n).unwrap()
+        });
+        let one = time_rotating(&s, ms.len(), 24, |i| g.ks.gemv_norm(&s, &ms[i].view(), &x, (b, n), (&w, 1e-6), &mut y, None).unwrap());
+        let bytes = n as f64 * k as f64 * 1.0625;
+        report(&format!("rms_norm + gemv Q8 {n}x{k} b={b}"), two, bytes);
+        report(&format!("gemv_norm Q8 {n}x{k} b={b}"), one, bytes);
+        finite_f32(&down(&s, &y));
+    }
 }
 
 #[test]

@@ -6,55 +6,63 @@ use ninfer_kernels::{ConvTail, SeqSlots};
 use crate::common::*;
 use crate::mats::*;
 
-/// gemv_norm_conv against gemv_norm then gdn_conv on the product's rows lo..lo + C.
-fn norm_conv_case(enc: Enc, (lo, ch, tail): (usize, usize, usize), k: usize, seed: u64) {
+/// gemv_norm_conv of `batch` rows (each a one-token sequence) against gemv_norm then gdn_conv on
+/// the product's rows lo..lo + C.
+fn norm_conv_case(enc: Enc, (lo, ch, tail): (usize, usize, usize), k: usize, batch: usize, seed: u64) {
     let Some(g) = gpu() else { return };
     let s = g.stream();
     let mut rng = Rng::new(seed);
     let n = lo + ch + tail;
     let m = HostMat::random(enc, 1, n, k, 1, &mut rng);
     let dm = m.upload(&s);
-    let (x, nw) = (rng.bf16s(k, 2.0), rng.bf16s(k, 0.1));
-    let (cw, state) = (rng.bf16s(ch * 4, 0.5), rng.bf16s(3 * 3 * ch, 1.0));
+    // Row b's sequence holds slot batch - b: slot 0 belongs to no row.
+    let slots = batch + 1;
+    let (x, nw) = (rng.bf16s(batch * k, 2.0), rng.bf16s(k, 0.1));
+    let (cw, state) = (rng.bf16s(ch * 4, 0.5), rng.bf16s(slots * 3 * ch, 1.0));
     let (dx, dnw, dcw) = (up(&s, &x), up(&s, &nw), up(&s, &cw));
-    let slot = up(&s, &[2i32]);
-    let cu = up(&s, &[0i32, 1]);
+    let slot = up(&s, &(0..batch).map(|b| (batch - b) as i32).collect::<Vec<_>>());
+    let cu = up(&s, &(0..=batch as i32).collect::<Vec<_>>());
     let eps = 1e-6f32;
-    let name = format!("gemv_norm_conv {enc:?} n={n} k={k} lo={lo} C={ch}");
+    let name = format!("gemv_norm_conv {enc:?} n={n} k={k} lo={lo} C={ch} batch={batch}");
 
-    let mut y_two = nan_bf16(&s, n);
-    let mut a_two = nan_bf16(&s, k);
-    g.ks.gemv_norm(&s, &dm.view(), &dx, &dnw, eps, &mut y_two, Some(&mut a_two.slice_mut(..))).unwrap();
+    let mut y_two = nan_bf16(&s, batch * n);
+    let mut a_two = nan_bf16(&s, batch * k);
+    g.ks.gemv_norm(&s, &dm.view(), &dx, (batch, n), (&dnw, eps), &mut y_two, Some(&mut a_two.slice_mut(..))).unwrap();
     let mut st_two = up(&s, &state);
-    let mut cy_two = nan_bf16(&s, ch);
-    let batch = SeqSlots { seqs: 1, tokens: 1, cu: cu.slice(..), slots: slot.slice(..) };
-    g.ks.gdn_conv(&s, &y_two.slice(lo..), n - lo, &dcw, ch, &mut st_two, 3, &batch, &mut cy_two, ch).unwrap();
+    let mut cy_two = nan_bf16(&s, batch * ch);
+    let seqs = SeqSlots { seqs: batch, tokens: batch, cu: cu.slice(..), slots: slot.slice(..) };
+    g.ks.gdn_conv(&s, &y_two.slice(lo..), n, &dcw, ch, &mut st_two, slots, &seqs, &mut cy_two, ch).unwrap();
 
-    let mut y_one = nan_bf16(&s, n);
-    let mut a_one = nan_bf16(&s, k);
+    let mut y_one = nan_bf16(&s, batch * n);
+    let mut a_one = nan_bf16(&s, batch * k);
     let mut st_one = up(&s, &state);
-    let mut cy_one = nan_bf16(&s, ch);
+    let mut cy_one = nan_bf16(&s, batch * ch);
     let tail_args = ConvTail { w: dcw.slice(..), state: &mut st_one, slot: slot.slice(..), y: &mut cy_one.slice_mut(..), lo };
-    g.ks.gemv_norm_conv(&s, &dm.view(), &dx, &dnw, eps, &mut y_one, Some(&mut a_one.slice_mut(..)), tail_args).unwrap();
+    g.ks.gemv_norm_conv(&s, &dm.view(), &dx, batch, (&dnw, eps), &mut y_one, Some(&mut a_one.slice_mut(..)), tail_args).unwrap();
 
     let conv = down(&s, &cy_one);
     assert!(conv.iter().all(|v| v.to_f32().is_finite()), "{name}: non-finite conv output");
     assert_eq!(down(&s, &y_one), down(&s, &y_two), "{name}: y differs from gemv_norm");
     assert_eq!(down(&s, &a_one), down(&s, &a_two), "{name}: a differs from gemv_norm");
     assert_eq!(conv, down(&s, &cy_two), "{name}: conv output differs from gdn_conv");
-    assert_eq!(down(&s, &st_one), down(&s, &st_two), "{name}: conv state differs from gdn_conv");
-    // Slots other than the sequence's are untouched.
     let st = down(&s, &st_one);
-    assert_eq!(st[..6 * ch], state[..6 * ch], "{name}: another slot's state changed");
+    assert_eq!(st, down(&s, &st_two), "{name}: conv state differs from gdn_conv");
+    assert_ne!(st[3 * ch..], state[3 * ch..], "{name}: the rows' states did not move");
+    assert_eq!(st[..3 * ch], state[..3 * ch], "{name}: the slot of no row changed");
 }
 
 #[test]
 fn gemv_norm_conv_equals_norm_gemv_then_conv() {
     for (i, enc) in [Enc::Bf16, Enc::Q8].into_iter().enumerate() {
-        norm_conv_case(enc, (64, 192, 16), 256, 900 + i as u64);
-        norm_conv_case(enc, (0, 120, 0), 2048, 910 + i as u64);
-        // More rows than resident warps: the conv rows in the middle of a warp's rows.
-        norm_conv_case(enc, (7000, 8192, 9000), 256, 915 + i as u64);
+        for (j, batch) in [1usize, 4, 8, 11, 16].into_iter().enumerate() {
+            let seed = 900 + i as u64 + 20 * j as u64;
+            norm_conv_case(enc, (64, 192, 16), 256, batch, seed);
+            norm_conv_case(enc, (0, 120, 0), 2048, batch, seed + 10);
+            // More rows than resident warps: the conv rows in the middle of a warp's rows;
+            // for a batch, conv rows starting and ending inside a block's 16-row tile.
+            norm_conv_case(enc, (7000, 8192, 9000), 256, batch, seed + 15);
+            norm_conv_case(enc, (40, 72, 5), 128, batch, seed + 17);
+        }
     }
 }
 
@@ -122,7 +130,15 @@ fn fused_launchers_refuse_bad_shapes() {
     let m = HostMat::random(Enc::Q8, 1, 16, 8192 + 32, 1, &mut rng).upload(&s);
     let x = nan_bf16(&s, 8192 + 32);
     let mut y = nan_bf16(&s, 16);
-    assert!(g.ks.gemv_norm(&s, &m.view(), &x, &x, 1e-6, &mut y, None).is_err(), "a row longer than shared memory");
+    assert!(g.ks.gemv_norm(&s, &m.view(), &x, (1, 16), (&x, 1e-6), &mut y, None).is_err(), "a row longer than shared memory");
+    let m2 = HostMat::random(Enc::Q8, 1, 16, 4096, 1, &mut rng).upload(&s);
+    let (x9, nw2) = (nan_bf16(&s, 9 * 4096), nan_bf16(&s, 4096));
+    let mut y9 = nan_bf16(&s, 9 * 16);
+    assert!(g.ks.gemv_norm(&s, &m2.view(), &x9, (9, 16), (&nw2, 1e-6), &mut y9, None).is_err(), "9 rows of 4,096: past a normed batch's shared memory");
+    assert!(g.ks.gemv_norm(&s, &m2.view(), &x9, (17, 16), (&nw2, 1e-6), &mut y9, None).is_err(), "17 rows");
+    let m48 = HostMat::random(Enc::Bf16, 1, 16, 48, 1, &mut rng).upload(&s);
+    let (x48, nw48) = (nan_bf16(&s, 2 * 48), nan_bf16(&s, 48));
+    assert!(g.ks.gemv_norm(&s, &m48.view(), &x48, (2, 16), (&nw48, 1e-6), &mut y9, None).is_err(), "a batch of 48 columns: not whole 32-column groups");
     let m4 = HostMat::random(Enc::Q4, 1, 16, 256, 1, &mut rng).upload(&s);
     let (x4, nw) = (nan_bf16(&s, 256), nan_bf16(&s, 96));
     assert!(g.ks.gemv_gnorm(&s, &m4.view(), &x4, &x4, (&nw, 64, 1e-6), &mut y, false).is_err(), "q4 has no gated-norm product");

@@ -131,52 +131,67 @@ fn gemv_rejects_bad_arguments() {
     );
 }
 
-/// The normed product against the two launches it replaces (the same bits) and against the CPU.
-fn norm_case(enc: Enc, n: usize, k: usize, seed: u64) {
+/// The normed product of `batch` rows against the two launches it replaces (the same bits) and
+/// against the CPU.
+fn norm_case(enc: Enc, n: usize, k: usize, batch: usize, seed: u64) {
     let Some(g) = gpu() else { return };
     let s = g.stream();
     let mut rng = Rng::new(seed);
     let m = HostMat::random(enc, 1, n, k, 1, &mut rng);
     let dm = m.upload(&s);
-    let (x, w) = (rng.bf16s(k, 2.0), rng.bf16s(k, 0.1));
+    let (x, w) = (rng.bf16s(batch * k, 2.0), rng.bf16s(k, 0.1));
     let (dx, dw) = (up(&s, &x), up(&s, &w));
     let eps = 1e-6f32;
-    let name = format!("gemv_norm {enc:?} n={n} k={k}");
+    let name = format!("gemv_norm {enc:?} n={n} k={k} batch={batch}");
+    // y rows wider than n: the stride is honoured and the gap left alone.
+    let ldy = n + 3;
 
-    let rows = Rows::dense(1, k);
-    let mut a_two = nan_bf16(&s, k);
+    let rows = Rows::dense(batch, k);
+    let mut a_two = nan_bf16(&s, batch * k);
     g.ks.rms_norm(&s, &dx, rows, &dw, &mut a_two, rows, eps).unwrap();
-    let mut y_two = nan_f32(&s, n);
-    g.ks.gemv(&s, &dm.view(), &a_two, 1, k, &mut y_two, n).unwrap();
+    let mut y_two = nan_f32(&s, batch * ldy);
+    g.ks.gemv(&s, &dm.view(), &a_two, batch, k, &mut y_two, ldy).unwrap();
 
-    let mut a_one = nan_bf16(&s, k);
-    let mut y_one = nan_f32(&s, n);
-    g.ks.gemv_norm(&s, &dm.view(), &dx, &dw, eps, &mut y_one, Some(&mut a_one.slice_mut(..))).unwrap();
+    let mut a_one = nan_bf16(&s, batch * k);
+    let mut y_one = nan_f32(&s, batch * ldy);
+    g.ks.gemv_norm(&s, &dm.view(), &dx, (batch, ldy), (&dw, eps), &mut y_one, Some(&mut a_one.slice_mut(..))).unwrap();
     let (y_two, y_one) = (down(&s, &y_two), down(&s, &y_one));
-    assert!(y_one.iter().all(|v| v.is_finite()), "{name}: non-finite output");
-    assert_eq!(y_one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), y_two.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{name}: y differs from norm + gemv");
+    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&y_one), bits(&y_two), "{name}: y differs from norm + gemv");
     assert_eq!(down(&s, &a_one), down(&s, &a_two), "{name}: a differs from the norm kernel's");
 
-    // CPU: a = bf16(x / rms(x) * (1 + w)), y = a . W.
-    let xf = to_f32(&x);
-    let ms = xf.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / k as f64;
-    let inv = 1.0 / (ms + eps as f64).sqrt();
-    let a: Vec<f32> = xf.iter().zip(to_f32(&w)).map(|(&v, wv)| bf((v as f64 * inv * (1.0 + wv as f64)) as f32)).collect();
-    assert_close(&format!("{name} vs CPU"), &y_one, &matvec(&m.dequant_expert(0), n, k, &a), 1e-3);
+    // CPU: a = bf16(x / rms(x) * (1 + w)), y = a . W, row by row; the gaps stay NaN.
+    let dense = m.dequant_expert(0);
+    for b in 0..batch {
+        let row = &y_one[b * ldy..(b + 1) * ldy];
+        assert!(row[..n].iter().all(|v| v.is_finite()), "{name}: non-finite output in row {b}");
+        assert!(row[n..].iter().all(|v| v.is_nan()), "{name}: row {b} written past n");
+        let xf = to_f32(&x[b * k..(b + 1) * k]);
+        let ms = xf.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / k as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        let a: Vec<f32> = xf.iter().zip(to_f32(&w)).map(|(&v, wv)| bf((v as f64 * inv * (1.0 + wv as f64)) as f32)).collect();
+        assert_close(&format!("{name} row {b} vs CPU"), &row[..n], &matvec(&dense, n, k, &a), 1e-3);
+    }
 
     // Without a_out, and into bf16.
-    let mut y16 = nan_bf16(&s, n);
-    g.ks.gemv_norm(&s, &dm.view(), &dx, &dw, eps, &mut y16, None).unwrap();
-    let want16: Vec<f32> = y_two.iter().map(|&v| bf(v)).collect();
-    assert_eq!(to_f32(&down(&s, &y16)), want16, "{name}: bf16 output");
+    let mut y16 = nan_bf16(&s, batch * ldy);
+    g.ks.gemv_norm(&s, &dm.view(), &dx, (batch, ldy), (&dw, eps), &mut y16, None).unwrap();
+    let got16 = to_f32(&down(&s, &y16));
+    for b in 0..batch {
+        let want16: Vec<f32> = y_two[b * ldy..b * ldy + n].iter().map(|&v| bf(v)).collect();
+        assert_eq!(got16[b * ldy..b * ldy + n], want16[..], "{name}: bf16 output, row {b}");
+    }
 }
 
 #[test]
 fn gemv_norm_equals_norm_then_gemv() {
     for (i, enc) in [Enc::Bf16, Enc::Q8].into_iter().enumerate() {
-        norm_case(enc, 300, 2048, 600 + i as u64);
-        norm_case(enc, 37, 192, 610 + i as u64);
-        norm_case(enc, 20011, 256, 620 + i as u64);
+        for (j, batch) in [1usize, 2, 5, 8, 9, 16].into_iter().enumerate() {
+            let seed = 600 + 10 * i as u64 + 100 * j as u64;
+            norm_case(enc, 300, 2048, batch, seed);
+            norm_case(enc, 37, 192, batch, seed + 1);
+            norm_case(enc, 20011, 256, batch, seed + 2);
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use ninfer_kernels::{
     AttentionBatch, AttnTiles, ConvTail, DeltaForm, GdnDims, GDN_CHUNK_MIN, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, KvCacheOut, MatrixView, PagedKv, Routing, Rows, SeqSlots, Weights,
-    BATCH_MAX_TOKENS, GEMV_MAX_BATCH, GROUPED_MAX_TOKENS,
+    BATCH_MAX_TOKENS, GEMV_MAX_BATCH, GROUPED_MAX_TOKENS, NORM_BATCH_X,
 };
 
 use crate::model::ModelConfig;
@@ -136,8 +136,8 @@ fn out_linear(
 }
 
 /// The first projection after a norm (a mixer's, or the router's) over `t` rows: `linear` of
-/// `a`, or, with `norm` (a single-token pass), one launch that norms `h` with that weight, stores
-/// the result in `a` for the launches after it, and multiplies.
+/// `a`, or, with `norm` (a pass of at most 16 tokens), one launch that norms `h` with that
+/// weight, stores the result in `a` for the launches after it, and multiplies.
 #[allow(clippy::too_many_arguments)] // as `linear`
 fn first_linear(
     cx: &Ctx,
@@ -154,7 +154,7 @@ fn first_linear(
         return linear(cx, label, w, a.as_view(), t, h, y, ldy);
     };
     let (nw, eps) = (cx.arena.bf16(norm), cx.cfg.rms_norm_eps);
-    cx.ks.gemv_norm(cx.s, &cx.arena.mat(w), &h_rows.slice(..h), &nw, eps, &mut y, Some(&mut a.slice_mut(..h))).map_err(kern)?;
+    cx.ks.gemv_norm(cx.s, &cx.arena.mat(w), &h_rows.slice(..t * h), (t, ldy), (&nw, eps), &mut y, Some(&mut a.slice_mut(..t * h))).map_err(kern)?;
     cx.mark(label, w.bytes());
     Ok(())
 }
@@ -257,17 +257,18 @@ pub(super) fn layer(cx: &Ctx, lw: &LayerW, st: &mut States, ws: &mut Workspace, 
     let rows = Rows::dense(t, cx.dims.h);
     let eps = cx.cfg.rms_norm_eps;
     // a = RMSNorm_in(h); delta = Mixer(a); h += delta; a = RMSNorm_post(h); h += MoE(a).
-    // A single-token pass launches neither norm on its own: the mixer's first projection
-    // norms h (and stores a for the others), its output projection adds into h, and the
-    // router product norms h again (storing a for the experts).
+    // A pass of at most 16 tokens (a decode step) launches neither norm on its own: the
+    // mixer's first projection norms h (and stores a for the others), its output projection
+    // adds into h, and the router product norms h again (storing a for the experts).
     let first = match &lw.mixer {
         MixerW::Gdn(g) => g.stack.as_ref().map_or(&g.qkv, |s| &s.m),
         MixerW::Attn(at) => at.stack.as_ref().unwrap_or(&at.q),
     };
     let router = lw.moe.router_gate.as_ref().unwrap_or(&lw.moe.router);
+    let normed = t == 1 || (t <= GEMV_MAX_BATCH && t * cx.dims.h <= NORM_BATCH_X);
     let fuse = Fuse {
-        norm_in: (t == 1 && first.takes_norm()).then_some(lw.attn_norm),
-        add_out: t == 1 && router.takes_norm(),
+        norm_in: (normed && first.takes_norm()).then_some(lw.attn_norm),
+        add_out: normed && router.takes_norm(),
     };
     if fuse.norm_in.is_none() {
         cx.ks.rms_norm(cx.s, &ws.h, rows, &cx.arena.bf16(lw.attn_norm), &mut ws.a, rows, eps).map_err(kern)?;
@@ -307,24 +308,25 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, gi:
     let conv_w = cx.arena.bf16(g.conv);
     // Step 1: projections. With the stacked matrix, one launch gives each token's row
     // [z | qkv | b | a] (or [qkv | b | a] with z on its own); otherwise qkv, b‖a and z come
-    // from four launches into their own buffers. `q0` is where qkv starts in a `ld` row. A
-    // single token's stacked projection norms its input and runs step 2 itself.
+    // from four launches into their own buffers. `q0` is where qkv starts in a `ld` row. The
+    // stacked projection of a decode step (every sequence one token) norms its input and runs
+    // step 2 itself; that of another pass of at most 16 tokens norms its input.
     let (ld, q0, conv_done) = match &g.stack {
         Some(stack) => {
             let ld = if stack.with_z { vd + cd + 2 * hv } else { cd + 2 * hv };
             let label = if stack.with_z { "gdn.zqkvba" } else { "gdn.qkvba" };
             let q0 = if stack.with_z { vd } else { 0 };
             match fuse.norm_in {
-                Some(norm) => {
-                    let tail = ConvTail { w: conv_w.slice(..), state: &mut st.conv[gi], slot: tb.slots.slice(..1), y: &mut ws.conv.slice_mut(..cd), lo: q0 };
+                Some(norm) if meta.max_q == 1 && meta.seqs == t => {
+                    let tail = ConvTail { w: conv_w.slice(..), state: &mut st.conv[gi], slot: tb.slots.slice(..t), y: &mut ws.conv.slice_mut(..t * cd), lo: q0 };
                     let (nw, eps) = (cx.arena.bf16(norm), cx.cfg.rms_norm_eps);
-                    let (m, hr) = (cx.arena.mat(&stack.m), ws.h.slice(..h));
-                    cx.ks.gemv_norm_conv(cx.s, &m, &hr, &nw, eps, &mut ws.proj.slice_mut(..ld), Some(&mut ws.a.slice_mut(..h)), tail).map_err(kern)?;
+                    let (m, hr) = (cx.arena.mat(&stack.m), ws.h.slice(..t * h));
+                    cx.ks.gemv_norm_conv(cx.s, &m, &hr, t, (&nw, eps), &mut ws.proj.slice_mut(..t * ld), Some(&mut ws.a.slice_mut(..t * h)), tail).map_err(kern)?;
                     cx.mark(label, stack.m.bytes());
                     (ld, q0, true)
                 }
-                None => {
-                    linear(cx, label, &stack.m, ws.a.as_view(), t, h, ws.proj.as_view_mut(), ld)?;
+                norm => {
+                    first_linear(cx, label, &stack.m, (&ws.h, &mut ws.a), norm, t, ws.proj.as_view_mut(), ld)?;
                     (ld, q0, false)
                 }
             }

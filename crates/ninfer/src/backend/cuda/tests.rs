@@ -155,6 +155,45 @@ fn passes_and_batching_leave_rows_unchanged() {
 }
 
 #[test]
+fn decode_batches_equal_their_rows_alone() {
+    if !gpu_present() {
+        return;
+    }
+    // Decode steps of 2-16 sequences norm their rows inside the products and run the GDN conv
+    // in the input projection's epilogue (forward.rs); each row must match the same sequence
+    // decoded alone, step after step (the conv and recurrent states moved on per row).
+    let art = artifact("cuda-decode-batch", 32);
+    let opts = CudaOptions { max_slots: 16, max_context: 64, max_step_tokens: 64, ..CudaOptions::default() };
+    let mut a = CudaBackend::open(&art, opts).unwrap();
+    let mut b = CudaBackend::open(&art, opts).unwrap();
+    for n in [2usize, 5, 16] {
+        let mut seqs = Vec::new();
+        for i in 0..n {
+            let prompt = tokens(50 + i as u64, 3 + i % 7);
+            let (sa, sb) = (a.alloc_slot().unwrap(), b.alloc_slot().unwrap());
+            let la = a.step(&[row(sa, &prompt, false)]).unwrap().remove(0);
+            b.step(&[row(sb, &prompt, false)]).unwrap();
+            seqs.push((sa, sb, argmax(&la.values)));
+        }
+        for step in 0..3 {
+            let rows: Vec<_> = seqs.iter().map(|(sa, _, t)| (*sa, [*t])).collect();
+            let together = a.step(&rows.iter().map(|(sa, t)| row(*sa, t, false)).collect::<Vec<_>>()).unwrap();
+            assert_eq!(together.len(), n);
+            for (i, (sq, got)) in seqs.iter_mut().zip(&together).enumerate() {
+                let alone = b.step(&[row(sq.1, &[sq.2], false)]).unwrap().remove(0);
+                let e = worst(&row_errs(&got.values, &alone.values));
+                assert!(e < SELF_TOL, "{n} sequences, step {step}, row {i}: batch vs alone {e:.2e}");
+                sq.2 = argmax(&alone.values);
+            }
+        }
+        for (sa, sb, _) in seqs {
+            a.free_slot(sa);
+            b.free_slot(sb);
+        }
+    }
+}
+
+#[test]
 fn slots_reset_and_bad_rows_fail_first() {
     if !gpu_present() {
         return;
