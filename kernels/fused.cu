@@ -352,8 +352,8 @@ __device__ __forceinline__ void norm_conv_mma_body(const NormConvArgs& a) {
         });
 }
 
-// Held to the blocks per SM of the plain products (gemv.cu: three of 2-8 rows at 74-80
-// registers, two of 9-16), which the conv's state registers would otherwise cost.
+// Held to three blocks per SM of 2-8 rows (80 registers) and two of 9-16, which the conv's
+// state registers would otherwise cost (90 registers of 2-8 rows: two blocks).
 #define NINFER_FUSED_MMA(name, M, NB, NT, MINB)                                                                           \
     extern "C" __global__ void __launch_bounds__(256, MINB) ninfer_gemv_##name##_norm_mma_b##NB(GemvNormArgs a) {      \
         norm_mma_body<M, NT>(a);                                                                                          \
