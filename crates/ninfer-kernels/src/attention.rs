@@ -272,8 +272,7 @@ impl KernelSet {
             // Enough splits for the blocks the device holds at once (registers and shared
             // memory decide: 2 or 3 per multiprocessor at head dim 256), each then walking
             // fewer tiles; at 32k positions a KV head's 1,024 tiles are the work to spread.
-            let per_sm = self.function(kernel).occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None)?;
-            let resident = (per_sm as usize).max(1) * self.num_sms();
+            let resident = self.resident(kernel, threads, smem as usize)?;
             if base_blocks < resident {
                 let tiles = batch.max_kv_len.div_ceil(TILE).max(1);
                 splits = resident

@@ -199,7 +199,8 @@ fn normed_check(w: &MatrixView, batch: usize, conv: bool) -> Result<Check> {
 const NORM_MAX_K: usize = 8192;
 
 /// The most x elements (rows times K) a normed product of 2-16 rows holds in shared memory:
-/// 64 KiB of bf16 (plus padding), 16 rows of 2,048 or 8 of 4,096, so that two blocks fit an SM.
+/// 16 rows of 2,048 or 8 of 4,096, 87 KiB with the padding, the norm weight and the chunks'
+/// sums (`norm_smem`), so that two blocks fit an SM.
 pub const NORM_BATCH_X: usize = 32_768;
 
 /// A normed tensor-core product's dynamic shared memory (fused.cu): the rows (stride NORM_LD),
@@ -273,8 +274,7 @@ impl KernelSet {
             c.ensure(batch * w.cols <= NORM_BATCH_X, || format!("{batch} rows of {} columns past the {NORM_BATCH_X} x elements of a normed batch", w.cols))?;
             // The rows are normed once per block: no more blocks than are resident at once.
             let smem = norm_smem(batch, w.cols);
-            let per_sm = self.function(c.kernel).occupancy_max_active_blocks_per_multiprocessor(256, smem, None)?;
-            (blocks(w.rows, 16).min((per_sm as usize).max(1) as u32 * self.num_sms() as u32), smem)
+            (blocks(w.rows, 16).min(self.resident(c.kernel, 256, smem)? as u32), smem)
         };
         let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 };
         self.launch_struct(stream, c.kernel, cfg, &args(g))

@@ -355,10 +355,7 @@ impl KernelSet {
         let smem = if q6_rows > 0 { (8 + q6_rows * w.cols.div_ceil(256) * 32) * 16 } else { 0 };
         let grid = match () {
             _ if mma => blocks(w.rows, 16),
-            _ if q6 => {
-                let per_sm = self.function(c.kernel).occupancy_max_active_blocks_per_multiprocessor(256, smem, None)?;
-                blocks(w.rows.div_ceil(16), ROWS_PER_BLOCK).min((per_sm as usize).max(1) as u32 * self.num_sms() as u32)
-            }
+            _ if q6 => blocks(w.rows.div_ceil(16), ROWS_PER_BLOCK).min(self.resident(c.kernel, 256, smem)? as u32),
             _ => self.row_grid(c.kernel, w.rows),
         };
         let cfg = LaunchConfig {

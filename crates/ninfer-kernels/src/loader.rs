@@ -159,6 +159,13 @@ impl KernelSet {
         self.resident_256[k.index()].max(1)
     }
 
+    /// The blocks of `threads` threads and `smem` bytes of dynamic shared memory of `k` that
+    /// the device holds at once (at least one per multiprocessor), from the driver's occupancy.
+    pub(crate) fn resident(&self, k: Kernel, threads: u32, smem: usize) -> Result<usize> {
+        let per_sm = self.function(k).occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)?;
+        Ok((per_sm as usize).max(1) * self.num_sms())
+    }
+
     /// The resolved function of a kernel.
     pub fn function(&self, k: Kernel) -> &CudaFunction {
         &self.functions[k.index()]

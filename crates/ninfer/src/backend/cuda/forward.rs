@@ -257,9 +257,9 @@ pub(super) fn layer(cx: &Ctx, lw: &LayerW, st: &mut States, ws: &mut Workspace, 
     let rows = Rows::dense(t, cx.dims.h);
     let eps = cx.cfg.rms_norm_eps;
     // a = RMSNorm_in(h); delta = Mixer(a); h += delta; a = RMSNorm_post(h); h += MoE(a).
-    // A pass of at most 16 tokens (a decode step) launches neither norm on its own: the
-    // mixer's first projection norms h (and stores a for the others), its output projection
-    // adds into h, and the router product norms h again (storing a for the experts).
+    // A pass of at most 16 tokens (a decode step, or a short prompt) launches neither norm on
+    // its own: the mixer's first projection norms h (and stores a for the others), its output
+    // projection adds into h, and the router product norms h again (storing a for the experts).
     let first = match &lw.mixer {
         MixerW::Gdn(g) => g.stack.as_ref().map_or(&g.qkv, |s| &s.m),
         MixerW::Attn(at) => at.stack.as_ref().unwrap_or(&at.q),
