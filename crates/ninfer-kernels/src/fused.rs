@@ -105,7 +105,11 @@ impl KernelSet {
         c.ensure(conv.state.len().is_multiple_of((GDN_CONV_WIDTH - 1) * ch), || format!("conv state of {} for {ch} channels", conv.state.len()))?;
         if batch == 1 {
             // Lane k of a warp convolves the warp's k-th row (fused.cu).
-            let per_warp = w.rows.div_ceil(self.row_grid(c.kernel, w.rows) as usize * ROWS_PER_BLOCK);
+            // (The bulk kernel's thread i convolves its block's row i: bulk_launch's check.)
+            let per_warp = match is_bulk(c.kernel) {
+                true => 1,
+                false => w.rows.div_ceil(self.row_grid(c.kernel, w.rows) as usize * ROWS_PER_BLOCK),
+            };
             c.ensure(per_warp <= 32, || format!("{} rows take {per_warp} per warp on this card, more than the conv epilogue's 32", w.rows))?;
         }
         let (yl, sl, (yp, _gy)) = (y.len(), conv.slot.len(), dptr_mut(y, stream));
@@ -190,9 +194,46 @@ fn normed_check(w: &MatrixView, batch: usize, conv: bool) -> Result<Check> {
         2..=8 => 1,
         _ => 2,
     };
-    let c = fused_check(w, kernels[bucket], "normed")?;
+    // One q8_g32 row whose scale rows are whole 16-byte lines takes its weights by bulk copies.
+    let bulk = batch == 1 && w.encoding() == Encoding::Q8G32 && w.cols.is_multiple_of(BULK_COL_MULTIPLE);
+    let c = match (bulk, conv) {
+        (true, false) => Check::new(GemvQ8NormBulkB1),
+        (true, true) => Check::new(GemvQ8NormConvBulkB1),
+        (false, _) => fused_check(w, kernels[bucket], "normed")?,
+    };
     c.ensure((1..=GEMV_MAX_BATCH).contains(&batch), || format!("batch {batch} outside 1..={GEMV_MAX_BATCH}"))?;
     Ok(c)
+}
+
+/// What K must be a multiple of for the bulk-copy products (a row's q8_g32 scales, K / 16
+/// bytes, whole 16-byte lines).
+const BULK_COL_MULTIPLE: usize = 256;
+/// Rows per stage of the bulk-copy products (BULK_ROWS in fused.cu: one MMA tile).
+const BULK_ROWS: usize = 16;
+/// The most rows a bulk-copy product's block owns (one per thread stores them).
+const BULK_MAX_BLOCK_ROWS: usize = 256;
+/// The shared memory a bulk-copy product's block gives its stages: two blocks an SM with their
+/// static memory, and 2 stages in flight at K = 2048 (1 at 4096).
+const BULK_STAGE_MEM: usize = 72 << 10;
+/// The most stages a bulk-copy product keeps (BULK_MAX_STAGES in fused.cu).
+const BULK_MAX_STAGES: usize = 8;
+
+/// Whether `k` runs one of the bulk-copy products.
+fn is_bulk(k: Kernel) -> bool {
+    matches!(k, Kernel::GemvQ8NormBulkB1 | Kernel::GemvQ8NormConvBulkB1)
+}
+
+impl KernelSet {
+    /// A bulk-copy product's grid (the blocks resident at its shared memory, no more than take
+    /// a stage of rows) and its dynamic shared memory (its stages' padded rows, fused.cu).
+    fn bulk_launch(&self, c: &Check, rows: usize, cols: usize) -> Result<(u32, usize)> {
+        let stage = BULK_ROWS * (cols + 32 + cols / 16 + 16);
+        let smem = stage * (BULK_STAGE_MEM / stage).clamp(1, BULK_MAX_STAGES);
+        let grid = rows.div_ceil(BULK_ROWS).min(self.resident(c.kernel, 256, smem)?);
+        let per_block = rows.div_ceil(grid).next_multiple_of(BULK_ROWS);
+        c.ensure(per_block <= BULK_MAX_BLOCK_ROWS, || format!("{rows} rows take {per_block} a block on this card, more than the bulk product's {BULK_MAX_BLOCK_ROWS}"))?;
+        Ok((grid as u32, smem))
+    }
 }
 
 /// The longest row a normed product takes (its copy in shared memory, kernels/fused.cu).
@@ -265,7 +306,9 @@ impl KernelSet {
         c.aligned("x", xp, 16)?;
         let (ldx, ldy) = (c.i32("cols", w.cols)?, c.i32("ldy", ldy)?);
         let g = GemvArgs { m, x: xp, y: yp, batch: c.i32("batch", batch)?, ldx, ldy, out_f32: y_f32 as i32, accumulate: accumulate as i32, pad: 0 };
-        let (grid, smem) = if batch == 1 {
+        let (grid, smem) = if is_bulk(c.kernel) {
+            self.bulk_launch(c, w.rows, w.cols)?
+        } else if batch == 1 {
             // A kernel launched in clusters takes a grid of whole clusters (blocks past the rows
             // build the input row and stream nothing).
             (self.row_grid(c.kernel, w.rows).next_multiple_of(cluster), 0)
