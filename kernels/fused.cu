@@ -18,8 +18,10 @@
 //   sequence in state slot *slot, input bf16(y[r]), output conv_y[c], the state [slots, 3, C]
 //   moved on by one input.
 //
-// ninfer_gemv_q8_g32_norm_bulk_b1 / _norm_conv_bulk_b1  (GemvNormArgs / NormConvArgs; K % 256 == 0)
-//   ninfer_gemv_q8_g32_norm_b1 / _norm_conv_b1 with the weights brought into shared memory by
+// ninfer_gemv_q8_g32_norm_bulk_b1 / _norm_conv_bulk_b1 / _gnorm_bulk_b1  (GemvNormArgs /
+//   NormConvArgs / GatedArgs; K % 256 == 0)
+//   ninfer_gemv_q8_g32_norm_b1 / _norm_conv_b1 / _gnorm_b1 (in its clusters) with the weights
+//   brought into shared memory by
 //   the copy engine (cp.async.bulk) and multiplied on the tensor cores (mma.m16n8k16, f16
 //   operands, f32 sums): block b owns the rows [b R, (b + 1) R) (R = ceil(N / gridDim.x) rounded
 //   up to 16, at most 256), in stages of one 16-row tile (row strides K + 32 and K / 16 + 16
@@ -415,6 +417,12 @@ __device__ __forceinline__ void gnorm_body(const GatedArgs& a) {
     cooperative_groups::this_cluster().barrier_wait();
 }
 
+// The same on bulk_product, which turns the row into f16 in place once `fill` returns: so the
+// fill waits on the cluster barrier itself, after which no neighbour reads this block's heads.
+__device__ __forceinline__ void gnorm_bulk_body(const GatedArgs& a) {
+    bulk_product(a.g, [&](bf16* xs) { fill_gated(xs, a); cooperative_groups::this_cluster().barrier_wait(); }, [](int, float) {});
+}
+
 #define NORM_LD(k) (((k) + 63) / 64 * 64 + 32)
 
 // The batch's rows normed into xs (row stride NORM_LD(K)), each element as ninfer_rms_norm
@@ -544,3 +552,6 @@ NINFER_FUSED(q8_g32, EncQ8)
 
 extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_bulk_b1(GemvNormArgs a) { gemv_norm_bulk_body(a); }
 extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_conv_bulk_b1(NormConvArgs a) { norm_conv_body<EncQ8, true>(a); }
+extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_b1(GatedArgs a) {
+    gnorm_bulk_body(a);
+}

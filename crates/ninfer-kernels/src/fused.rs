@@ -140,7 +140,10 @@ impl KernelSet {
         y: &mut impl DevicePtrMut<bf16>,
         accumulate: bool,
     ) -> Result<()> {
-        let c = fused_check(w, (Kernel::GemvBf16GnormB1, Kernel::GemvQ8GnormB1), "gated-norm")?;
+        let c = match bulk_cols(w) {
+            true => Check::new(Kernel::GemvQ8GnormBulkB1),
+            false => fused_check(w, (Kernel::GemvBf16GnormB1, Kernel::GemvQ8GnormB1), "gated-norm")?,
+        };
         c.ensure(dim > 0 && dim.is_multiple_of(8) && w.cols.is_multiple_of(dim), || format!("{} columns are not heads of {dim} (a multiple of 8)", w.cols))?;
         let (zl, nl, yl) = (z.len(), norm_w.len(), y.len());
         c.len("z", zl, w.cols)?;
@@ -194,8 +197,7 @@ fn normed_check(w: &MatrixView, batch: usize, conv: bool) -> Result<Check> {
         2..=8 => 1,
         _ => 2,
     };
-    // One q8_g32 row whose scale rows are whole 16-byte lines takes its weights by bulk copies.
-    let bulk = batch == 1 && w.encoding() == Encoding::Q8G32 && w.cols.is_multiple_of(BULK_COL_MULTIPLE);
+    let bulk = batch == 1 && bulk_cols(w);
     let c = match (bulk, conv) {
         (true, false) => Check::new(GemvQ8NormBulkB1),
         (true, true) => Check::new(GemvQ8NormConvBulkB1),
@@ -220,7 +222,13 @@ const BULK_MAX_STAGES: usize = 8;
 
 /// Whether `k` runs one of the bulk-copy products.
 fn is_bulk(k: Kernel) -> bool {
-    matches!(k, Kernel::GemvQ8NormBulkB1 | Kernel::GemvQ8NormConvBulkB1)
+    matches!(k, Kernel::GemvQ8NormBulkB1 | Kernel::GemvQ8NormConvBulkB1 | Kernel::GemvQ8GnormBulkB1)
+}
+
+/// Whether one row of `w` takes the bulk-copy product: q8_g32 whose scale rows are whole
+/// 16-byte lines.
+fn bulk_cols(w: &MatrixView) -> bool {
+    w.encoding() == Encoding::Q8G32 && w.cols.is_multiple_of(BULK_COL_MULTIPLE)
 }
 
 impl KernelSet {
@@ -307,7 +315,8 @@ impl KernelSet {
         let (ldx, ldy) = (c.i32("cols", w.cols)?, c.i32("ldy", ldy)?);
         let g = GemvArgs { m, x: xp, y: yp, batch: c.i32("batch", batch)?, ldx, ldy, out_f32: y_f32 as i32, accumulate: accumulate as i32, pad: 0 };
         let (grid, smem) = if is_bulk(c.kernel) {
-            self.bulk_launch(c, w.rows, w.cols)?
+            let (grid, smem) = self.bulk_launch(c, w.rows, w.cols)?;
+            (grid.next_multiple_of(cluster), smem)
         } else if batch == 1 {
             // A kernel launched in clusters takes a grid of whole clusters (blocks past the rows
             // build the input row and stream nothing).

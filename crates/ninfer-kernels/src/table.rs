@@ -45,6 +45,7 @@ kernel_table! {
     GemvQ8NormConvB1 => "fused", "ninfer_gemv_q8_g32_norm_conv_b1";
     GemvQ8NormBulkB1 => "fused", "ninfer_gemv_q8_g32_norm_bulk_b1";
     GemvQ8NormConvBulkB1 => "fused", "ninfer_gemv_q8_g32_norm_conv_bulk_b1";
+    GemvQ8GnormBulkB1 => "fused", "ninfer_gemv_q8_g32_gnorm_bulk_b1";
     GemvBf16GnormB1 => "fused", "ninfer_gemv_bf16_gnorm_b1";
     GemvQ8GnormB1 => "fused", "ninfer_gemv_q8_g32_gnorm_b1";
     GemvBf16NormMmaB8 => "fused", "ninfer_gemv_bf16_norm_mma_b8";

@@ -96,8 +96,14 @@ fn gnorm_case(enc: Enc, n: usize, heads: usize, dim: usize, seed: u64) {
     g.ks.gemv_gnorm(&s, &dm.view(), &dx, &dz, (&dnw, dim, eps), &mut h_one, true).unwrap();
     let y = to_f32(&down(&s, &y_one));
     assert!(y.iter().all(|v| v.is_finite()), "{name}: non-finite output");
-    assert_eq!(down(&s, &y_one), down(&s, &y_two), "{name}: y differs from gated_rms_norm + gemv");
-    assert_eq!(down(&s, &h_one), down(&s, &h_two), "{name}: accumulated y differs from gated_rms_norm + gemv_add");
+    if enc == Enc::Q8 && k.is_multiple_of(256) {
+        // The bulk-copy kernel on the tensor cores: its sums in another order, then bf16.
+        assert_close(&format!("{name} vs gated_rms_norm + gemv"), &y, &to_f32(&down(&s, &y_two)), 5e-3);
+        assert_close(&format!("{name} accumulated vs gemv_add"), &to_f32(&down(&s, &h_one)), &to_f32(&down(&s, &h_two)), 5e-3);
+    } else {
+        assert_eq!(down(&s, &y_one), down(&s, &y_two), "{name}: y differs from gated_rms_norm + gemv");
+        assert_eq!(down(&s, &h_one), down(&s, &h_two), "{name}: accumulated y differs from gated_rms_norm + gemv_add");
+    }
 
     // CPU: per head n = bf16(x / rms), m = bf16(n * w), a = bf16(m * silu(z)), y = a . W.
     let (xf, zf, wf) = (to_f32(&x), to_f32(&z), to_f32(&nw));
