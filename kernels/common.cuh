@@ -171,28 +171,20 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// d += A·B on the tensor cores: mma.m16n8k16, bf16 operands, f32 accumulation (PTX ISA
-// fragment layouts: lane = 4g + t holds A rows g, g+8 at k 2t, 2t+1 (a0, a1) and 2t+8, 2t+9
-// (a2, a3); B column g at k 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1); C rows g (c0, c1) and g+8
-// (c2, c3) at columns 2t, 2t+1).
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// The same with f16 operands.
-__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                        uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+// d += A·B on the tensor cores: mma.m16n8k16, f32 accumulation, bf16 operands (mma_bf16) or
+// f16 ones (mma_f16) (PTX ISA fragment layouts: lane = 4g + t holds A rows g, g+8 at k 2t, 2t+1
+// (a0, a1) and 2t+8, 2t+9 (a2, a3); B column g at k 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1); C rows g
+// (c0, c1) and g+8 (c2, c3) at columns 2t, 2t+1).
+#define NINFER_MMA_16816(name, type)                                                                   \
+    __device__ __forceinline__ void name(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, \
+                                         uint32_t b0, uint32_t b1) {                                      \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." type "." type                                \
+                     ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                          \
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                      \
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));                              \
+    }
+NINFER_MMA_16816(mma_bf16, "bf16")
+NINFER_MMA_16816(mma_f16, "f16")
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }

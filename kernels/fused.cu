@@ -432,7 +432,7 @@ __device__ __forceinline__ void gnorm_bulk_body(const GatedArgs& a) {
 // the chunks l, l + 32, ..., then the warp), and the chunks are normed in place; block 0 also
 // stores them in a_out. Dynamic shared memory after xs: norm_w [K] bf16, then the chunks' sums
 // [batch, K / 8] f32 (norm_smem in fused.rs). (Every chunk copied by cp.async, all in flight
-// at once, was slower: docs/performance.md.)
+// at once, was slower: docs/performance-log.md.)
 __device__ __forceinline__ void fill_norm_rows(bf16* xs, const GemvNormArgs& na) {
     __shared__ float inv_s[16];
     const int k = na.g.m.cols, nch = k / 8, total = na.g.batch * nch;

@@ -349,7 +349,7 @@ NINFER_GEMV(bf16, EncBf16, 1)
 // U8: weight groups in flight per warp of 2-8 rows. Eight for q8_g32, where four left the
 // 2,048-row output projections of a batched decode step (128 blocks: one per SM) far from the
 // bandwidth (104 registers, two blocks per SM); four for bf16 (eight take 154 registers). Four
-// of 9-16 rows: six (two blocks per SM still) was no faster (docs/performance.md).
+// of 9-16 rows: six (two blocks per SM still) was no faster (docs/performance-log.md).
 #define NINFER_GEMV_MMA(name, M, U8)                                                                  \
     extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_##name##_mma_b8(GemvArgs a) {    \
         mma_product<M, 1, U8, false, false>(a, a.x, a.ldx, [] {}, [](int) {}, [](int, int, float) {}); \
