@@ -25,6 +25,14 @@
 //   w+8, ... and the warps' partials summed in shared memory in warp order; grid ceil(N / 16).
 //   The body is gemv_mma.cuh's, which fused.cu's normed products of 2-16 rows share.
 //
+// ninfer_gemv_q8_g32_bulk_b1  (one row; K % 256 == 0, K <= 8192)
+//   The contract above for one q8_g32 row on gemv_bulk.cuh's product: the weights by bulk
+//   copies into shared memory, every stage that fits asked for before grid_wait(), int8 codes
+//   and x as f16 on the tensor cores (exact while |x| < 65,504; each 32-column group's sum
+//   scaled in f32, the eight warps' partials summed in warp order: not the bits of
+//   ninfer_gemv_q8_g32_b1). Launch: block 256, dynamic shared memory stages * 16 * (K + 32 + K
+//   / 16 + 16) bytes, grid at most ceil(N / 16) (fused.rs's bulk_launch).
+//
 // ninfer_gemv_q6_g64_mma_b2 / _b4  (batches of 1-2 and 3-4 rows; K % 64 == 0, NB * K <= 32768)
 //   The contract above on the tensor cores (mma.m16n8k16, bf16 operands, f32 accumulation).
 //   Each code is exact in bf16 as code - 32 and x is bf16, so every product is exact; a row's
@@ -49,7 +57,7 @@
 // Dependent launch (common.cuh): the dense kernels load their first weight chunks and ask L2
 // for the rest of their rows before grid_wait(), so a projection's weights stream in while the
 // kernel ahead of it (a norm, the recurrence) finishes.
-#include "gemv_mma.cuh"
+#include "gemv_bulk.cuh"
 
 template <typename Enc, int NB>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
@@ -367,3 +375,14 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q6_g64_mma_b8(Gemv
 extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q6_g64_mma_b16(GemvArgs a) { gemv_q6_mma_cols<2>(a); }
 NINFER_GEMV_ALL(q4_g32, EncQ4)
 NINFER_GEMV_ALL(nvfp4, EncNvfp4)
+
+// One row of x copied into the block's shared memory as bulk_product's row: thread i the
+// chunks i, i + 256, ... (those it converts to f16 next).
+extern "C" __global__ void __launch_bounds__(BULK_THREADS) ninfer_gemv_q8_g32_bulk_b1(GemvArgs a) {
+    bulk_product(
+        a,
+        [&](bf16* xs) {
+            for (int c = threadIdx.x; c < a.m.cols / 8; c += BULK_THREADS) *reinterpret_cast<uint4*>(xs + c * 8) = ldg16(a.x + c * 8);
+        },
+        [](int, float) {});
+}

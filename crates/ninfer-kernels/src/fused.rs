@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, De
 use half::bf16;
 
 use crate::gdn::GDN_CONV_WIDTH;
-use crate::gemv::{span, Encoding, GemvArgs, GemvOut, MatrixView, GEMV_MAX_BATCH, ROWS_PER_BLOCK};
+use crate::gemv::{bulk_cols, is_bulk, span, Encoding, GemvArgs, GemvOut, MatrixView, GEMV_MAX_BATCH, ROWS_PER_BLOCK};
 use crate::launch::{blocks, device_args, dptr, dptr_mut, Check, Result};
 use crate::loader::KernelSet;
 use crate::table::Kernel;
@@ -205,43 +205,6 @@ fn normed_check(w: &MatrixView, batch: usize, conv: bool) -> Result<Check> {
     };
     c.ensure((1..=GEMV_MAX_BATCH).contains(&batch), || format!("batch {batch} outside 1..={GEMV_MAX_BATCH}"))?;
     Ok(c)
-}
-
-/// What K must be a multiple of for the bulk-copy products (a row's q8_g32 scales, K / 16
-/// bytes, whole 16-byte lines).
-const BULK_COL_MULTIPLE: usize = 256;
-/// Rows per stage of the bulk-copy products (BULK_ROWS in fused.cu: one MMA tile).
-const BULK_ROWS: usize = 16;
-/// The most rows a bulk-copy product's block owns (one per thread stores them).
-const BULK_MAX_BLOCK_ROWS: usize = 256;
-/// The shared memory a bulk-copy product's block gives its stages: two blocks an SM with their
-/// static memory, and 2 stages in flight at K = 2048 (1 at 4096).
-const BULK_STAGE_MEM: usize = 72 << 10;
-/// The most stages a bulk-copy product keeps (BULK_MAX_STAGES in fused.cu).
-const BULK_MAX_STAGES: usize = 8;
-
-/// Whether `k` runs one of the bulk-copy products.
-fn is_bulk(k: Kernel) -> bool {
-    matches!(k, Kernel::GemvQ8NormBulkB1 | Kernel::GemvQ8NormConvBulkB1 | Kernel::GemvQ8GnormBulkB1)
-}
-
-/// Whether one row of `w` takes the bulk-copy product: q8_g32 whose scale rows are whole
-/// 16-byte lines.
-fn bulk_cols(w: &MatrixView) -> bool {
-    w.encoding() == Encoding::Q8G32 && w.cols.is_multiple_of(BULK_COL_MULTIPLE)
-}
-
-impl KernelSet {
-    /// A bulk-copy product's grid (the blocks resident at its shared memory, no more than take
-    /// a stage of rows) and its dynamic shared memory (its stages' padded rows, fused.cu).
-    fn bulk_launch(&self, c: &Check, rows: usize, cols: usize) -> Result<(u32, usize)> {
-        let stage = BULK_ROWS * (cols + 32 + cols / 16 + 16);
-        let smem = stage * (BULK_STAGE_MEM / stage).clamp(1, BULK_MAX_STAGES);
-        let grid = rows.div_ceil(BULK_ROWS).min(self.resident(c.kernel, 256, smem)?);
-        let per_block = rows.div_ceil(grid).next_multiple_of(BULK_ROWS);
-        c.ensure(per_block <= BULK_MAX_BLOCK_ROWS, || format!("{rows} rows take {per_block} a block on this card, more than the bulk product's {BULK_MAX_BLOCK_ROWS}"))?;
-        Ok((grid as u32, smem))
-    }
 }
 
 /// The longest row a normed product takes (its copy in shared memory, kernels/fused.cu).

@@ -225,6 +225,45 @@ pub(crate) struct GemvArgs {
 device_args!(GemvArgs, 88);
 
 
+/// What K must be a multiple of for the bulk-copy products (a row's q8_g32 scales, K / 16
+/// bytes, whole 16-byte lines).
+const BULK_COL_MULTIPLE: usize = 256;
+/// Rows per stage of the bulk-copy products (BULK_ROWS in gemv_bulk.cuh: one MMA tile).
+const BULK_ROWS: usize = 16;
+/// The most rows a bulk-copy product's block owns (one per thread stores them).
+const BULK_MAX_BLOCK_ROWS: usize = 256;
+/// The longest row a bulk-copy product holds (BULK_MAX_K in gemv_bulk.cuh).
+const BULK_MAX_K: usize = 8192;
+/// The shared memory a bulk-copy product's block gives its stages: two blocks an SM with their
+/// static memory, and 2 stages in flight at K = 2048 (1 at 4096).
+const BULK_STAGE_MEM: usize = 72 << 10;
+/// The most stages a bulk-copy product keeps (BULK_MAX_STAGES in gemv_bulk.cuh).
+const BULK_MAX_STAGES: usize = 8;
+
+/// Whether `k` runs one of the bulk-copy products (kernels/gemv_bulk.cuh).
+pub(crate) fn is_bulk(k: Kernel) -> bool {
+    matches!(k, Kernel::GemvQ8BulkB1 | Kernel::GemvQ8NormBulkB1 | Kernel::GemvQ8NormConvBulkB1 | Kernel::GemvQ8GnormBulkB1)
+}
+
+/// Whether one row of `w` takes a bulk-copy product: q8_g32 whose scale rows are whole
+/// 16-byte lines, and no longer than a block holds.
+pub(crate) fn bulk_cols(w: &MatrixView) -> bool {
+    w.encoding() == Encoding::Q8G32 && w.cols.is_multiple_of(BULK_COL_MULTIPLE) && w.cols <= BULK_MAX_K
+}
+
+impl KernelSet {
+    /// A bulk-copy product's grid (the blocks resident at its shared memory, no more than take
+    /// a stage of rows) and its dynamic shared memory (its stages' padded rows, gemv_bulk.cuh).
+    pub(crate) fn bulk_launch(&self, c: &Check, rows: usize, cols: usize) -> Result<(u32, usize)> {
+        let stage = BULK_ROWS * (cols + 32 + cols / 16 + 16);
+        let smem = stage * (BULK_STAGE_MEM / stage).clamp(1, BULK_MAX_STAGES);
+        let grid = rows.div_ceil(BULK_ROWS).min(self.resident(c.kernel, 256, smem)?);
+        let per_block = rows.div_ceil(grid).next_multiple_of(BULK_ROWS);
+        c.ensure(per_block <= BULK_MAX_BLOCK_ROWS, || format!("{rows} rows take {per_block} a block on this card, more than the bulk product's {BULK_MAX_BLOCK_ROWS}"))?;
+        Ok((grid as u32, smem))
+    }
+}
+
 /// The most batch rows one gemv launch takes.
 pub const GEMV_MAX_BATCH: usize = 16;
 
@@ -308,7 +347,11 @@ impl KernelSet {
         accumulate: bool,
     ) -> Result<()> {
         let enc = w.encoding();
-        let c = Check::new(gemv_kernel(enc, batch.clamp(1, GEMV_MAX_BATCH)));
+        let kernel = match batch == 1 && bulk_cols(w) {
+            true => Kernel::GemvQ8BulkB1,
+            false => gemv_kernel(enc, batch.clamp(1, GEMV_MAX_BATCH)),
+        };
+        let c = Check::new(kernel);
         c.ensure((1..=GEMV_MAX_BATCH).contains(&batch), || {
             format!("batch {batch} outside 1..={GEMV_MAX_BATCH}")
         })?;
@@ -353,10 +396,11 @@ impl KernelSet {
         })?;
         // b2 and b4: x rows in 256-column blocks of 16-byte units, after 8 zero units (gemv.cu).
         let smem = if q6_rows > 0 { (8 + q6_rows * w.cols.div_ceil(256) * 32) * 16 } else { 0 };
-        let grid = match () {
-            _ if mma => blocks(w.rows, 16),
-            _ if q6 => blocks(w.rows.div_ceil(16), ROWS_PER_BLOCK).min(self.resident(c.kernel, 256, smem)? as u32),
-            _ => self.row_grid(c.kernel, w.rows),
+        let (grid, smem) = match () {
+            _ if is_bulk(c.kernel) => self.bulk_launch(&c, w.rows, w.cols)?,
+            _ if mma => (blocks(w.rows, 16), smem),
+            _ if q6 => (blocks(w.rows.div_ceil(16), ROWS_PER_BLOCK).min(self.resident(c.kernel, 256, smem)? as u32), smem),
+            _ => (self.row_grid(c.kernel, w.rows), smem),
         };
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),

@@ -59,6 +59,7 @@ kernel_table! {
     GemvBf16MmaB8 => "gemv", "ninfer_gemv_bf16_mma_b8";
     GemvBf16MmaB16 => "gemv", "ninfer_gemv_bf16_mma_b16";
     GemvQ8B1 => "gemv", "ninfer_gemv_q8_g32_b1";
+    GemvQ8BulkB1 => "gemv", "ninfer_gemv_q8_g32_bulk_b1";
     GemvQ8MmaB8 => "gemv", "ninfer_gemv_q8_g32_mma_b8";
     GemvQ8MmaB16 => "gemv", "ninfer_gemv_q8_g32_mma_b16";
     GemvQ6MmaB2 => "gemv", "ninfer_gemv_q6_g64_mma_b2";

@@ -56,6 +56,10 @@ fn gemv_all_encodings_small_shapes() {
         // A batch for the tensor-core kernels (q8_g32): 37 rows, 6 groups over 4 warps.
         run_case(enc, 37, 192, 9, 200, 1, 30 + i as u64);
     }
+    // One q8_g32 row of K % 256 == 0 takes the bulk-copy kernel: more stages per block than it
+    // keeps in flight, x padded with NaN past K.
+    run_case(Enc::Q8, 12_357, 2048, 1, 2064, 1, 40);
+    run_case(Enc::Q8, 3001, 4096, 1, 4096, 1, 41);
 }
 
 /// More rows than the device holds warps at once: each warp streams several rows (RowStream),
