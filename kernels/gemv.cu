@@ -31,7 +31,7 @@
 //   and x as f16 on the tensor cores (exact while |x| < 65,504; each 32-column group's sum
 //   scaled in f32, the eight warps' partials summed in warp order: not the bits of
 //   ninfer_gemv_q8_g32_b1). Launch: block 256, dynamic shared memory stages * 16 * (K + 32 + K
-//   / 16 + 16) bytes, grid at most ceil(N / 16) (fused.rs's bulk_launch).
+//   / 16 + 16) bytes, grid at most ceil(N / 16) (gemv.rs's bulk_launch).
 //
 // ninfer_gemv_q6_g64_mma_b2 / _b4  (batches of 1-2 and 3-4 rows; K % 64 == 0, NB * K <= 32768)
 //   The contract above on the tensor cores (mma.m16n8k16, bf16 operands, f32 accumulation).

@@ -103,13 +103,10 @@ impl KernelSet {
         let ch = conv.w.len() / GDN_CONV_WIDTH;
         c.ensure(ch > 0 && conv.lo + ch <= w.rows, || format!("conv rows {}..{} of {} rows", conv.lo, conv.lo + ch, w.rows))?;
         c.ensure(conv.state.len().is_multiple_of((GDN_CONV_WIDTH - 1) * ch), || format!("conv state of {} for {ch} channels", conv.state.len()))?;
-        if batch == 1 {
-            // Lane k of a warp convolves the warp's k-th row (fused.cu).
-            // (The bulk kernel's thread i convolves its block's row i: bulk_launch's check.)
-            let per_warp = match is_bulk(c.kernel) {
-                true => 1,
-                false => w.rows.div_ceil(self.row_grid(c.kernel, w.rows) as usize * ROWS_PER_BLOCK),
-            };
+        // The lane-loaded kernel's lane k convolves its warp's k-th row (fused.cu); the bulk
+        // kernel's thread i its block's row i, which bulk_launch checks.
+        if batch == 1 && !is_bulk(c.kernel) {
+            let per_warp = w.rows.div_ceil(self.row_grid(c.kernel, w.rows) as usize * ROWS_PER_BLOCK);
             c.ensure(per_warp <= 32, || format!("{} rows take {per_warp} per warp on this card, more than the conv epilogue's 32", w.rows))?;
         }
         let (yl, sl, (yp, _gy)) = (y.len(), conv.slot.len(), dptr_mut(y, stream));
