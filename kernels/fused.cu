@@ -32,6 +32,23 @@
 //   convolves) its row i. Launch: block 256, dynamic shared memory stages * 16 * (K + 32 + K /
 //   16 + 16) bytes, grid at most ceil(N / 16) (the blocks resident at once).
 //
+// ninfer_gemv_q8_g32_norm_bulk_b8 / _b16, _norm_conv_bulk_b8 / _b16  (GemvNormArgs /
+//   NormConvArgs; 2-8 / 9-16 rows, K % 256 == 0)
+//   ninfer_gemv_q8_g32_norm_mma_b<NB> / _norm_conv_mma_b<NB> (below) on gemv_bulk.cuh's
+//   bulk_rows_product: the normed rows (their bits) at the start of the dynamic shared memory,
+//   turned into f16 in place (exact while |a| < 65,504), then the weight stages of the one-row
+//   bulk kernels, B's column b the row b; the sums in their order (not the bits of the mma
+//   kernels). Launch: block 256, dynamic shared memory norm_smem(batch, K) rounded up to 128
+//   plus the stages, grid at most ceil(N / 16) (the blocks resident at once).
+//
+// ninfer_gemv_q8_g32_gnorm_bulk_b8 / _b16  (GatedArgs; 2-8 / 9-16 rows, K % 256 == 0)
+//   ninfer_gemv_q8_g32_gnorm_bulk_b1 for g.batch rows x[b] (row stride g.ldx) with gates z[b]
+//   (row stride ldz), y [batch, g.ldy], on bulk_rows_product: the gated rows (row stride
+//   NORM_LD(K), batch * NORM_LD(K) * 2 bytes rounded up to 128) at the start of the dynamic
+//   shared memory, built once per cluster of GNORM_CLUSTER blocks (head i of the rows laid end
+//   to end by block i % 8), then the weight stages. Launch: block 256, grid a multiple of
+//   GNORM_CLUSTER, dynamic shared memory those rows plus the stages.
+//
 // ninfer_gemv_<enc>_gnorm_b1  (GatedArgs)
 //   a = ninfer_gated_rms_norm of x as K / dim rows of dim (one token's value heads) with their
 //   gates z (head i at z + i * dim) and weight norm_w [dim], then y = a . W (with accumulate:
@@ -232,8 +249,10 @@ struct GatedArgs {
     const bf16* norm_w;
     int dim;
     float eps;
+    int ldz;  // a batch's z row stride
+    int pad;
 };
-static_assert(sizeof(GatedArgs) == 112, "mirrored in crates/ninfer-kernels/src/fused.rs");
+static_assert(sizeof(GatedArgs) == 120, "mirrored in crates/ninfer-kernels/src/fused.rs");
 
 #define GNORM_CLUSTER 8  // mirrored in crates/ninfer-kernels/src/fused.rs
 
@@ -246,14 +265,16 @@ static_assert(sizeof(GatedArgs) == 112, "mirrored in crates/ninfer-kernels/src/f
 // or the heads' rows asked of L1 up front, cost 15.3 µs per launch on the H200, the last two
 // 19 and 25 % more.) The copies are read before a cluster barrier that gnorm_body waits on
 // before the block exits, so no block's shared memory goes while another reads it.
-__device__ __forceinline__ void fill_gated(bf16* xs, const GatedArgs& a) {
+__device__ __forceinline__ void fill_gated(bf16* xs, const GatedArgs& a, int rows, int ld) {
     namespace cg = cooperative_groups;
     const cg::cluster_group cl = cg::this_cluster();
     const int rank = (int)cl.block_rank();
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, heads = a.g.m.cols / a.dim;
-    for (int hd = rank + GNORM_CLUSTER * (threadIdx.x >> 5); hd < heads; hd += GNORM_CLUSTER * warps) {
-        const bf16* x = a.g.x + (size_t)hd * a.dim;
-        const bf16* z = a.z + (size_t)hd * a.dim;
+    // Head i of the rows laid end to end is head i % heads of row i / heads, built by rank i % 8.
+    for (int i = rank + GNORM_CLUSTER * (threadIdx.x >> 5); i < rows * heads; i += GNORM_CLUSTER * warps) {
+        const int b = rows == 1 ? 0 : i / heads, hd = i - b * heads;  // rows: 1 at compile time for one row
+        const bf16* x = a.g.x + (size_t)b * a.g.ldx + (size_t)hd * a.dim;
+        const bf16* z = a.z + (size_t)b * a.ldz + (size_t)hd * a.dim;
         const float inv = inv_rms(x, a.dim, a.eps, lane);
         for (int c = lane; c < a.dim / 8; c += NINFER_WARP) {
             float v[8], w[8], g[8];
@@ -261,32 +282,46 @@ __device__ __forceinline__ void fill_gated(bf16* xs, const GatedArgs& a) {
             unpack_bf8(ldg16(a.norm_w + c * 8), w);
             unpack_bf8(ldg16(z + c * 8), g);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = round_bf(round_bf(v[i] * inv) * w[i]) * silu(g[i]);
-            *reinterpret_cast<uint4*>(xs + (size_t)hd * a.dim + c * 8) = pack_bf8(v);
+            for (int e = 0; e < 8; ++e) v[e] = round_bf(round_bf(v[e] * inv) * w[e]) * silu(g[e]);
+            *reinterpret_cast<uint4*>(xs + (size_t)b * ld + (size_t)hd * a.dim + c * 8) = pack_bf8(v);
         }
     }
     cl.sync();
-    uint4* row = reinterpret_cast<uint4*>(xs);
-    for (int c = threadIdx.x; c < a.g.m.cols / 8; c += blockDim.x) {
-        const int owner = (c * 8 / a.dim) % GNORM_CLUSTER;
-        if (owner != rank) row[c] = *cl.map_shared_rank(row + c, owner);
+    const int nch = a.g.m.cols / 8;
+    for (int i = threadIdx.x; i < rows * nch; i += blockDim.x) {
+        const int b = rows == 1 ? 0 : i / nch, c = i - b * nch;
+        const int owner = (b * heads + c * 8 / a.dim) % GNORM_CLUSTER;
+        uint4* p = reinterpret_cast<uint4*>(xs + (size_t)b * ld + c * 8);
+        if (owner != rank) *p = *cl.map_shared_rank(p, owner);
     }
     cl.barrier_arrive();
 }
 
 template <typename Enc>
 __device__ __forceinline__ void gnorm_body(const GatedArgs& a) {
-    row_product<Enc, 4>(a.g, [&](bf16* xs) { fill_gated(xs, a); }, [](int, float) {});
+    row_product<Enc, 4>(a.g, [&](bf16* xs) { fill_gated(xs, a, 1, a.g.m.cols); }, [](int, float) {});
     cooperative_groups::this_cluster().barrier_wait();
 }
 
 // The same on bulk_product, which turns the row into f16 in place once `fill` returns: so the
 // fill waits on the cluster barrier itself, after which no neighbour reads this block's heads.
 __device__ __forceinline__ void gnorm_bulk_body(const GatedArgs& a) {
-    bulk_product(a.g, [&](bf16* xs) { fill_gated(xs, a); cooperative_groups::this_cluster().barrier_wait(); }, [](int, float) {});
+    bulk_product(a.g, [&](bf16* xs) { fill_gated(xs, a, 1, a.g.m.cols); cooperative_groups::this_cluster().barrier_wait(); }, [](int, float) {});
 }
 
-#define NORM_LD(k) (((k) + 63) / 64 * 64 + 32)
+// The same for a batch on bulk_rows_product: its rows at the start of the dynamic shared memory.
+template <int NT>
+__device__ __forceinline__ void gnorm_bulk_rows_body(const GatedArgs& a) {
+    extern __shared__ __align__(16) bf16 xs_dyn[];
+    const int ld = NORM_LD(a.g.m.cols);
+    bulk_rows_product<NT>(
+        a.g, xs_dyn, ld, (a.g.batch * ld * 2 + 127) / 128 * 128,
+        [&] {
+            fill_gated(xs_dyn, a, a.g.batch, ld);
+            cooperative_groups::this_cluster().barrier_wait();
+        },
+        [](int) {}, [](int, int, float) {});
+}
 
 // The batch's rows normed into xs (row stride NORM_LD(K)), each element as ninfer_rms_norm
 // computes it: every thread loads its chunks of x (chunk i of the rows laid end to end, i =
@@ -338,16 +373,33 @@ __device__ __forceinline__ void fill_norm_rows(bf16* xs, const GemvNormArgs& na)
     }
 }
 
-template <typename M, int NT>
+// The dynamic shared memory fill_norm_rows takes for `batch` rows of K (norm_smem in fused.rs),
+// rounded up to the 128 bytes after which bulk_rows_product's stages start.
+__device__ __forceinline__ int norm_rows_bytes(int batch, int k) {
+    return (batch * NORM_LD(k) * 2 + k * 2 + batch * k / 2 + 127) / 128 * 128;
+}
+
+// A normed product of 2-16 rows: on mma_product, or with BULK (q8_g32, K % 256 == 0) on
+// bulk_rows_product, its stages after the rows.
+template <typename M, int NT, bool BULK, typename Fill, typename Begin, typename Epi>
+__device__ __forceinline__ void normed_rows_product(const GemvArgs& g, bf16* xs, Fill fill, Begin begin, Epi epi) {
+    const int k = g.m.cols;
+    if constexpr (BULK)
+        bulk_rows_product<NT>(g, xs, NORM_LD(k), norm_rows_bytes(g.batch, k), fill, begin, epi);
+    else
+        mma_product<M, NT, 4, true, true>(g, xs, NORM_LD(k), fill, begin, epi);
+}
+
+template <typename M, int NT, bool BULK>
 __device__ __forceinline__ void norm_mma_body(const GemvNormArgs& na) {
     extern __shared__ __align__(16) bf16 xs_dyn[];
-    mma_product<M, NT, 4, true, true>(na.g, xs_dyn, NORM_LD(na.g.m.cols), [&] { fill_norm_rows(xs_dyn, na); }, [](int) {}, [](int, int, float) {});
+    normed_rows_product<M, NT, BULK>(na.g, xs_dyn, [&] { fill_norm_rows(xs_dyn, na); }, [](int) {}, [](int, int, float) {});
 }
 
 // Thread i stores output i of each of its block's tiles (16 rows x 8 * NT slots, at most one
 // each with the 256 threads): its row's slot is read before the norm, and each tile's conv
 // state as the tile starts, so that the epilogue waits on no memory.
-template <typename M, int NT>
+template <typename M, int NT, bool BULK>
 __device__ __forceinline__ void norm_conv_mma_body(const NormConvArgs& a) {
     extern __shared__ __align__(16) bf16 xs_dyn[];
     static_assert(16 * 8 * NT <= FUSED_THREADS, "one output per thread");
@@ -359,8 +411,8 @@ __device__ __forceinline__ void norm_conv_mma_body(const NormConvArgs& a) {
     uint2 taps = make_uint2(0, 0);
     float h0 = 0.f, h1 = 0.f, h2 = 0.f;
     bf16* st = nullptr;
-    mma_product<M, NT, 4, true, true>(
-        a.n.g, xs_dyn, NORM_LD(a.n.g.m.cols),
+    normed_rows_product<M, NT, BULK>(
+        a.n.g, xs_dyn,
         [&] {
             if (live) slot = a.slot[b];
             fill_norm_rows(xs_dyn, a.n);
@@ -389,10 +441,10 @@ __device__ __forceinline__ void norm_conv_mma_body(const NormConvArgs& a) {
 // state registers would otherwise cost (90 registers of 2-8 rows: two blocks).
 #define NINFER_FUSED_MMA(name, M, NB, NT, MINB)                                                                           \
     extern "C" __global__ void __launch_bounds__(256, MINB) ninfer_gemv_##name##_norm_mma_b##NB(GemvNormArgs a) {      \
-        norm_mma_body<M, NT>(a);                                                                                          \
+        norm_mma_body<M, NT, false>(a);                                                                                   \
     }                                                                                                                     \
     extern "C" __global__ void __launch_bounds__(256, MINB) ninfer_gemv_##name##_norm_conv_mma_b##NB(NormConvArgs a) { \
-        norm_conv_mma_body<M, NT>(a);                                                                                     \
+        norm_conv_mma_body<M, NT, false>(a);                                                                              \
     }
 NINFER_FUSED_MMA(bf16, MmaBf16, 8, 1, 3)
 NINFER_FUSED_MMA(bf16, MmaBf16, 16, 2, 2)
@@ -418,3 +470,14 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_conv_b
 extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_b1(GatedArgs a) {
     gnorm_bulk_body(a);
 }
+extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_b8(GatedArgs a) {
+    gnorm_bulk_rows_body<1>(a);
+}
+extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_b16(GatedArgs a) {
+    gnorm_bulk_rows_body<2>(a);
+}
+// 2-8 and 9-16 rows by bulk copies (one block per SM at most, by their shared memory).
+extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_bulk_b8(GemvNormArgs a) { norm_mma_body<MmaQ8, 1, true>(a); }
+extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_bulk_b16(GemvNormArgs a) { norm_mma_body<MmaQ8, 2, true>(a); }
+extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_conv_bulk_b8(NormConvArgs a) { norm_conv_mma_body<MmaQ8, 1, true>(a); }
+extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_conv_bulk_b16(NormConvArgs a) { norm_conv_mma_body<MmaQ8, 2, true>(a); }

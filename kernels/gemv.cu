@@ -33,6 +33,13 @@
 //   ninfer_gemv_q8_g32_b1). Launch: block 256, dynamic shared memory stages * 16 * (K + 32 + K
 //   / 16 + 16) bytes, grid at most ceil(N / 16) (gemv.rs's bulk_launch).
 //
+// ninfer_gemv_q8_g32_bulk_b8 / _b16  (2-8 and 9-16 rows; K % 256 == 0, K <= 8192)
+//   The same for a batch (gemv_bulk.cuh's bulk_rows_product): the batch's x rows are copied
+//   into the start of the dynamic shared memory (row stride NORM_LD(K) = ceil(K / 64) * 64 + 32
+//   elements, batch * NORM_LD(K) * 2 bytes rounded up to 128) and turned into f16, the weight
+//   stages follow; B's column b is row b. Launch: block 256, dynamic shared memory those rows
+//   plus the stages (gemv.rs's bulk_launch), grid at most ceil(N / 16).
+//
 // ninfer_gemv_q6_g64_mma_b2 / _b4  (batches of 1-2 and 3-4 rows; K % 64 == 0, NB * K <= 32768)
 //   The contract above on the tensor cores (mma.m16n8k16, bf16 operands, f32 accumulation).
 //   Each code is exact in bf16 as code - 32 and x is bf16, so every product is exact; a row's
@@ -320,13 +327,7 @@ __device__ __forceinline__ void gemv_q6_mma_cols(const GemvArgs& a) {
             }
             // d: rows g (d0, d1) and g + 8 (d2, d3) of batch columns 8c + 2t, + 1: the group's sum.
             const float s0 = f16_bits_to_f(cur.s[0]), s1 = f16_bits_to_f(cur.s[1]);
-#pragma unroll
-            for (int c = 0; c < NT; ++c) {
-                acc[c][0] = fmaf(d[c][0], s0, acc[c][0]);
-                acc[c][1] = fmaf(d[c][1], s0, acc[c][1]);
-                acc[c][2] = fmaf(d[c][2], s1, acc[c][2]);
-                acc[c][3] = fmaf(d[c][3], s1, acc[c][3]);
-            }
+            scale_add<NT>(acc, d, s0, s1);
             if (++ugrp == groups) {
 #pragma unroll
                 for (int c = 0; c < NT; ++c)
@@ -386,3 +387,22 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) ninfer_gemv_q8_g32_bu
         },
         [](int, float) {});
 }
+
+// A batch's x rows copied into the block's shared memory at NORM_LD(K) (thread i the chunks i,
+// i + 256, ... of the rows laid end to end, those it converts to f16 next).
+template <int NT>
+__device__ __forceinline__ void gemv_bulk_rows(const GemvArgs& a) {
+    extern __shared__ __align__(16) bf16 xs_dyn[];
+    const int k = a.m.cols, ld = NORM_LD(k), nch = k / 8;
+    bulk_rows_product<NT>(
+        a, xs_dyn, ld, (a.batch * ld * 2 + 127) / 128 * 128,
+        [&] {
+            for (int i = threadIdx.x; i < a.batch * nch; i += BULK_THREADS) {
+                const int b = i / nch, c = i - b * nch;
+                *reinterpret_cast<uint4*>(xs_dyn + (size_t)b * ld + c * 8) = ldg16(a.x + (size_t)b * a.ldx + c * 8);
+            }
+        },
+        [](int) {}, [](int, int, float) {});
+}
+extern "C" __global__ void __launch_bounds__(BULK_THREADS) ninfer_gemv_q8_g32_bulk_b8(GemvArgs a) { gemv_bulk_rows<1>(a); }
+extern "C" __global__ void __launch_bounds__(BULK_THREADS) ninfer_gemv_q8_g32_bulk_b16(GemvArgs a) { gemv_bulk_rows<2>(a); }

@@ -65,6 +65,32 @@ struct MmaBf16 {
     __device__ static float scale(const Group&, int) { return 1.f; }
 };
 
+// A group's MMA sums d (per n tile: rows g in d[0..1], g + 8 in d[2..3]) times their rows'
+// scales s0 and s1, added into acc.
+template <int NT>
+__device__ __forceinline__ void scale_add(float (&acc)[NT][4], const float (&d)[NT][4], float s0, float s1) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        acc[n][0] = fmaf(d[n][0], s0, acc[n][0]);
+        acc[n][1] = fmaf(d[n][1], s0, acc[n][1]);
+        acc[n][2] = fmaf(d[n][2], s1, acc[n][2]);
+        acc[n][3] = fmaf(d[n][3], s1, acc[n][3]);
+    }
+}
+
+// A warp's sums into its slice of a 16-row tile's partials (row, batch slot): acc[n][0..1] are
+// row g, slots 8n + 2t and 8n + 2t + 1; acc[n][2..3] the same of row g + 8.
+template <int NT>
+__device__ __forceinline__ void acc_to_part(float (&p)[16][8 * NT], const float (&acc)[NT][4], int g, int t) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        p[g][8 * n + 2 * t] = acc[n][0];
+        p[g][8 * n + 2 * t + 1] = acc[n][1];
+        p[g + 8][8 * n + 2 * t] = acc[n][2];
+        p[g + 8][8 * n + 2 * t + 1] = acc[n][3];
+    }
+}
+
 // One group: its two MMA steps summed from zero per n tile, then scaled per row into acc.
 template <typename M, int NT>
 __device__ __forceinline__ void group_mma(float (&acc)[NT][4], const typename M::Group& w, const uint4 (&xb)[NT]) {
@@ -82,13 +108,7 @@ __device__ __forceinline__ void group_mma(float (&acc)[NT][4], const typename M:
         }
     }
     const float s0 = M::scale(w, 0), s1 = M::scale(w, 1);
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-        acc[n][0] = fmaf(d[n][0], s0, acc[n][0]);
-        acc[n][1] = fmaf(d[n][1], s0, acc[n][1]);
-        acc[n][2] = fmaf(d[n][2], s1, acc[n][2]);
-        acc[n][3] = fmaf(d[n][3], s1, acc[n][3]);
-    }
+    scale_add<NT>(acc, d, s0, s1);
 }
 
 // The tensor-core product of gemv.cu's ninfer_gemv_<enc>_mma_b<NB> contract over 8 * NT batch
@@ -146,14 +166,7 @@ __device__ __forceinline__ void mma_product(const GemvArgs& a, const bf16* x, in
             }
         }
         if (next < tiles) first_groups(next);
-        // C: acc[n][0..1] are row g, batch rows 8n + 2t, 8n + 2t + 1; acc[n][2..3] the same of g + 8.
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            part[warp][g][8 * n + 2 * t] = acc[n][0];
-            part[warp][g][8 * n + 2 * t + 1] = acc[n][1];
-            part[warp][g + 8][8 * n + 2 * t] = acc[n][2];
-            part[warp][g + 8][8 * n + 2 * t + 1] = acc[n][3];
-        }
+        acc_to_part<NT>(part[warp], acc, g, t);
         __syncthreads();
         for (int i = threadIdx.x; i < 16 * 8 * NT; i += blockDim.x) {
             const int r = i / (8 * NT), b = i - r * 8 * NT;

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, De
 use half::bf16;
 
 use crate::gdn::GDN_CONV_WIDTH;
-use crate::gemv::{bulk_cols, is_bulk, span, Encoding, GemvArgs, GemvOut, MatrixView, GEMV_MAX_BATCH, ROWS_PER_BLOCK};
+use crate::gemv::{bulk_cols, bulk_rows_kernel, is_bulk, rows_ld, span, Encoding, GemvArgs, GemvOut, MatrixView, GEMV_MAX_BATCH, ROWS_PER_BLOCK};
 use crate::launch::{blocks, device_args, dptr, dptr_mut, Check, Result};
 use crate::loader::KernelSet;
 use crate::table::Kernel;
@@ -41,8 +41,10 @@ struct GatedArgs {
     norm_w: u64,
     dim: i32,
     eps: f32,
+    ldz: i32,
+    pad: i32,
 }
-device_args!(GatedArgs, 112);
+device_args!(GatedArgs, 120);
 
 /// The GDN conv a normed product runs on its rows `lo..lo + w.len() / 4` of each input row
 /// ([`KernelSet::gemv_norm_conv`]), every row a one-token sequence.
@@ -123,36 +125,41 @@ impl KernelSet {
         self.launch_normed(&c, stream, w, (x, norm_w, eps), rows, (yp, false), a_out, |n| NormConvArgs { n, conv_w: cwp, state: stp, conv_y: cyp, slot: slp, lo, channels })
     }
 
-    /// `y (+)= a·Wᵀ` for one row, `a` the gated RMSNorm of [`KernelSet::gated_rms_norm`] of `x`
-    /// (`w.cols / dim` heads of `dim`) with one token's gates `z` (`[w.cols]`) and weight
-    /// `norm_w` (`[dim]`); with `accumulate`, `y = bf16(y + bf16(a·Wᵀ))` as [`KernelSet::gemv_add`].
-    /// Bit for bit the two launches. bf16 and q8_g32 matrices.
+    /// `y (+)= a·Wᵀ` for `batch` rows (1..=16; `y` `[batch, rows]`), `a` the gated RMSNorm of
+    /// [`KernelSet::gated_rms_norm`] of each row of `x` (`[batch, cols]`, `w.cols / dim` heads
+    /// of `dim`) with its gates (row b at `z[b * ldz..]`, `w.cols` of them) and weight `norm_w`
+    /// (`[dim]`); with `accumulate`, `y = bf16(y + bf16(a·Wᵀ))` as [`KernelSet::gemv_add`]. One
+    /// row: bf16 and q8_g32 matrices, bit for bit the two launches; 2-16 rows: q8_g32 matrices
+    /// that [`gnorm_takes_batch`] names, bit for bit the norm then [`KernelSet::gemv_add`].
     pub fn gemv_gnorm(
         &self,
         stream: &CudaStream,
         w: &MatrixView,
         x: &impl DevicePtr<bf16>,
-        z: &impl DevicePtr<bf16>,
+        (z, batch, ldz): (&impl DevicePtr<bf16>, usize, usize),
         (norm_w, dim, eps): (&impl DevicePtr<bf16>, usize, f32),
         y: &mut impl DevicePtrMut<bf16>,
         accumulate: bool,
     ) -> Result<()> {
-        let c = match bulk_cols(w) {
-            true => Check::new(Kernel::GemvQ8GnormBulkB1),
-            false => fused_check(w, (Kernel::GemvBf16GnormB1, Kernel::GemvQ8GnormB1), "gated-norm")?,
+        let c = match (bulk_cols(w, batch), batch) {
+            (true, 1) => Check::new(Kernel::GemvQ8GnormBulkB1),
+            (false, 1) => fused_check(w, (Kernel::GemvBf16GnormB1, Kernel::GemvQ8GnormB1), "gated-norm")?,
+            (true, 2..=GEMV_MAX_BATCH) => Check::new(bulk_rows_kernel(batch, [Kernel::GemvQ8GnormBulkB8, Kernel::GemvQ8GnormBulkB16])),
+            _ => return Err(Check::new(Kernel::GemvQ8GnormBulkB8).fail(format!("no gated-norm product of {batch} rows for {:?} of {} columns", w.encoding(), w.cols))),
         };
         c.ensure(dim > 0 && dim.is_multiple_of(8) && w.cols.is_multiple_of(dim), || format!("{} columns are not heads of {dim} (a multiple of 8)", w.cols))?;
+        c.ensure(ldz >= w.cols && ldz.is_multiple_of(8), || format!("z row stride {ldz} (a multiple of 8, at least {})", w.cols))?;
         let (zl, nl, yl) = (z.len(), norm_w.len(), y.len());
-        c.len("z", zl, w.cols)?;
+        c.len("z", zl, span(batch, w.cols, ldz))?;
         c.len("norm_w", nl, dim)?;
-        c.len("y", yl, w.rows)?;
+        c.len("y", yl, batch * w.rows)?;
         let (zp, _gz) = dptr(z, stream);
         let (np, _gn) = dptr(norm_w, stream);
         let (yp, _gy) = dptr_mut(y, stream);
         c.aligned("z", zp, 16)?;
         c.aligned("norm_w", np, 16)?;
-        let dim = c.i32("dim", dim)?;
-        self.launch_row(&c, stream, w, x, (1, w.rows), (yp, false, accumulate), GNORM_CLUSTER, |g| GatedArgs { g, z: zp, norm_w: np, dim, eps })
+        let (dim, ldz) = (c.i32("dim", dim)?, c.i32("ldz", ldz)?);
+        self.launch_row(&c, stream, w, x, (batch, w.rows), (yp, false, accumulate), (GNORM_CLUSTER, batch * rows_ld(w.cols) * 2), |g| GatedArgs { g, z: zp, norm_w: np, dim, eps, ldz, pad: 0 })
     }
 
     /// `y = bf16(y + bf16(x·Wᵀ))` for `batch` rows: a projection added into the residual stream
@@ -169,6 +176,12 @@ impl KernelSet {
     ) -> Result<()> {
         self.gemv_with(stream, w, x, batch, ldx, y, ldy, true)
     }
+}
+
+/// Whether [`KernelSet::gemv_gnorm`] takes `batch` rows (2..=16) of `w`: q8_g32 of K % 256 == 0
+/// and K <= 4096, on the bulk-copy kernels.
+pub fn gnorm_takes_batch(w: &MatrixView, batch: usize) -> bool {
+    (2..=GEMV_MAX_BATCH).contains(&batch) && bulk_cols(w, batch)
 }
 
 /// The check of a fused product over `w`: its bf16 or its q8_g32 kernel, the only encodings
@@ -194,11 +207,12 @@ fn normed_check(w: &MatrixView, batch: usize, conv: bool) -> Result<Check> {
         2..=8 => 1,
         _ => 2,
     };
-    let bulk = batch == 1 && bulk_cols(w);
-    let c = match (bulk, conv) {
-        (true, false) => Check::new(GemvQ8NormBulkB1),
-        (true, true) => Check::new(GemvQ8NormConvBulkB1),
-        (false, _) => fused_check(w, kernels[bucket], "normed")?,
+    let c = match (bulk_cols(w, batch), batch, conv) {
+        (true, 1, false) => Check::new(GemvQ8NormBulkB1),
+        (true, 1, true) => Check::new(GemvQ8NormConvBulkB1),
+        (true, 2..=GEMV_MAX_BATCH, false) => Check::new(bulk_rows_kernel(batch, [GemvQ8NormBulkB8, GemvQ8NormBulkB16])),
+        (true, 2..=GEMV_MAX_BATCH, true) => Check::new(bulk_rows_kernel(batch, [GemvQ8NormConvBulkB8, GemvQ8NormConvBulkB16])),
+        _ => fused_check(w, kernels[bucket], "normed")?,
     };
     c.ensure((1..=GEMV_MAX_BATCH).contains(&batch), || format!("batch {batch} outside 1..={GEMV_MAX_BATCH}"))?;
     Ok(c)
@@ -215,7 +229,7 @@ pub const NORM_BATCH_X: usize = 32_768;
 /// A normed tensor-core product's dynamic shared memory (fused.cu): the rows (stride NORM_LD),
 /// the norm weight, and each 8-column chunk's sum of squares.
 fn norm_smem(batch: usize, k: usize) -> usize {
-    batch * (k.div_ceil(64) * 64 + 32) * 2 + k * 2 + batch * k / 8 * 4
+    batch * rows_ld(k) * 2 + k * 2 + batch * k / 8 * 4
 }
 
 impl KernelSet {
@@ -246,14 +260,18 @@ impl KernelSet {
             }
             None => (0, None),
         };
-        self.launch_row(c, stream, w, x, (batch, ldy), (yp, y_f32, false), 1, |g| args(GemvNormArgs { g, norm_w: np, a_out: ap, eps, pad: 0 }))
+        c.ensure(batch == 1 || batch * w.cols <= NORM_BATCH_X, || format!("{batch} rows of {} columns past the {NORM_BATCH_X} x elements of a normed batch", w.cols))?;
+        let xs = norm_smem(batch, w.cols);
+        self.launch_row(c, stream, w, x, (batch, ldy), (yp, y_f32, false), (1, xs), |g| args(GemvNormArgs { g, norm_w: np, a_out: ap, eps, pad: 0 }))
     }
 
     /// The checks and launch every fused.cu kernel shares: one matrix of at most NORM_MAX_K
     /// columns, `batch` dense input rows `x`, output `y` (its device address, whether it is
     /// f32, whether the product is added into it) with row stride `ldy`. One row: a warp per
     /// output row on `row_grid`; 2-16 rows: 16-row tiles streamed by the resident blocks, the
-    /// normed rows in dynamic shared memory. `args` wraps the product's arguments into the kernel's.
+    /// rows in `xs` bytes of dynamic shared memory (the bulk kernels' stages after them).
+    /// `cluster`: blocks per cluster of the kernel. `args` wraps the product's arguments into
+    /// the kernel's.
     fn launch_row<A: DeviceRepr>(
         &self,
         c: &Check,
@@ -262,7 +280,7 @@ impl KernelSet {
         x: &impl DevicePtr<bf16>,
         (batch, ldy): (usize, usize),
         (yp, y_f32, accumulate): (u64, bool, bool),
-        cluster: u32,
+        (cluster, xs): (u32, usize),
         args: impl FnOnce(GemvArgs) -> A,
     ) -> Result<()> {
         c.ensure(w.experts == 1, || format!("gemv takes one matrix, got a bank of {}", w.experts))?;
@@ -275,7 +293,7 @@ impl KernelSet {
         let (ldx, ldy) = (c.i32("cols", w.cols)?, c.i32("ldy", ldy)?);
         let g = GemvArgs { m, x: xp, y: yp, batch: c.i32("batch", batch)?, ldx, ldy, out_f32: y_f32 as i32, accumulate: accumulate as i32, pad: 0 };
         let (grid, smem) = if is_bulk(c.kernel) {
-            let (grid, smem) = self.bulk_launch(c, w.rows, w.cols)?;
+            let (grid, smem) = self.bulk_launch(c, w.rows, w.cols, if batch > 1 { xs } else { 0 })?;
             (grid.next_multiple_of(cluster), smem)
         } else if batch == 1 {
             // A kernel launched in clusters takes a grid of whole clusters (blocks past the rows
@@ -283,10 +301,8 @@ impl KernelSet {
             (self.row_grid(c.kernel, w.rows).next_multiple_of(cluster), 0)
         } else {
             c.ensure(w.cols.is_multiple_of(32), || format!("cols {} not a multiple of 32 (tensor-core gemv)", w.cols))?;
-            c.ensure(batch * w.cols <= NORM_BATCH_X, || format!("{batch} rows of {} columns past the {NORM_BATCH_X} x elements of a normed batch", w.cols))?;
             // The rows are normed once per block: no more blocks than are resident at once.
-            let smem = norm_smem(batch, w.cols);
-            (blocks(w.rows, 16).min(self.resident(c.kernel, 256, smem)? as u32), smem)
+            (blocks(w.rows, 16).min(self.resident(c.kernel, 256, xs)? as u32), xs)
         };
         let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem as u32 };
         self.launch_struct(stream, c.kernel, cfg, &args(g))

@@ -242,24 +242,54 @@ const BULK_MAX_STAGES: usize = 8;
 
 /// Whether `k` runs one of the bulk-copy products (kernels/gemv_bulk.cuh).
 pub(crate) fn is_bulk(k: Kernel) -> bool {
-    matches!(k, Kernel::GemvQ8BulkB1 | Kernel::GemvQ8NormBulkB1 | Kernel::GemvQ8NormConvBulkB1 | Kernel::GemvQ8GnormBulkB1)
+    use Kernel::*;
+    matches!(
+        k,
+        GemvQ8BulkB1 | GemvQ8NormBulkB1 | GemvQ8NormConvBulkB1 | GemvQ8GnormBulkB1 | GemvQ8GnormBulkB8 | GemvQ8GnormBulkB16 | GemvQ8BulkB8 | GemvQ8BulkB16 | GemvQ8NormBulkB8 | GemvQ8NormBulkB16 | GemvQ8NormConvBulkB8 | GemvQ8NormConvBulkB16
+    )
 }
 
-/// Whether one row of `w` takes a bulk-copy product: q8_g32 whose scale rows are whole
-/// 16-byte lines, and no longer than a block holds.
-pub(crate) fn bulk_cols(w: &MatrixView) -> bool {
-    w.encoding() == Encoding::Q8G32 && w.cols.is_multiple_of(BULK_COL_MULTIPLE) && w.cols <= BULK_MAX_K
+/// The bulk-copy product of `batch` rows (2..=16) of one of the three forms (plain, normed,
+/// normed with the conv): the kernel of 2-8 rows or of 9-16.
+pub(crate) fn bulk_rows_kernel(batch: usize, [b8, b16]: [Kernel; 2]) -> Kernel {
+    if batch <= 8 {
+        b8
+    } else {
+        b16
+    }
+}
+
+/// Row stride (elements) of a batch's x rows in a bulk-copy or normed product's shared memory
+/// (NORM_LD in gemv_bulk.cuh).
+pub(crate) fn rows_ld(k: usize) -> usize {
+    k.div_ceil(64) * 64 + 32
+}
+
+/// The longest rows a bulk-copy product of 2-16 rows takes: 16 of them and a stage fit a
+/// block's shared memory (202 KiB; normed, at most NORM_BATCH_X elements, 160 KiB).
+const BULK_BATCH_MAX_K: usize = 4096;
+
+/// Whether `batch` rows of `w` take a bulk-copy product: q8_g32 whose scale rows are whole
+/// 16-byte lines, and no longer than a block holds with the batch.
+pub(crate) fn bulk_cols(w: &MatrixView, batch: usize) -> bool {
+    let max_k = if batch == 1 { BULK_MAX_K } else { BULK_BATCH_MAX_K };
+    w.encoding() == Encoding::Q8G32 && w.cols.is_multiple_of(BULK_COL_MULTIPLE) && w.cols <= max_k
 }
 
 impl KernelSet {
     /// A bulk-copy product's grid (the blocks resident at its shared memory, no more than take
-    /// a stage of rows) and its dynamic shared memory (its stages' padded rows, gemv_bulk.cuh).
-    pub(crate) fn bulk_launch(&self, c: &Check, rows: usize, cols: usize) -> Result<(u32, usize)> {
+    /// a stage of rows) and its dynamic shared memory: `xs` bytes of x rows (a batch's, rounded
+    /// up to 128 here; 0 for one row, which sits in static memory), then its stages' padded
+    /// rows (gemv_bulk.cuh).
+    pub(crate) fn bulk_launch(&self, c: &Check, rows: usize, cols: usize, xs: usize) -> Result<(u32, usize)> {
         let stage = BULK_ROWS * (cols + 32 + cols / 16 + 16);
-        let smem = stage * (BULK_STAGE_MEM / stage).clamp(1, BULK_MAX_STAGES);
+        let smem = xs.next_multiple_of(128) + stage * (BULK_STAGE_MEM / stage).clamp(1, BULK_MAX_STAGES);
+        let per_sm = self.function(c.kernel).occupancy_max_active_blocks_per_multiprocessor(256, smem, None)?;
+        c.ensure(per_sm > 0, || format!("{xs} bytes of x rows of {cols} columns and a stage do not fit a block's shared memory"))?;
         let grid = rows.div_ceil(BULK_ROWS).min(self.resident(c.kernel, 256, smem)?);
+        // One row's product stores a block's row i by its thread i; a batch's, by stages.
         let per_block = rows.div_ceil(grid).next_multiple_of(BULK_ROWS);
-        c.ensure(per_block <= BULK_MAX_BLOCK_ROWS, || format!("{rows} rows take {per_block} a block on this card, more than the bulk product's {BULK_MAX_BLOCK_ROWS}"))?;
+        c.ensure(xs > 0 || per_block <= BULK_MAX_BLOCK_ROWS, || format!("{rows} rows take {per_block} a block on this card, more than the bulk product's {BULK_MAX_BLOCK_ROWS}"))?;
         Ok((grid as u32, smem))
     }
 }
@@ -347,9 +377,10 @@ impl KernelSet {
         accumulate: bool,
     ) -> Result<()> {
         let enc = w.encoding();
-        let kernel = match batch == 1 && bulk_cols(w) {
-            true => Kernel::GemvQ8BulkB1,
-            false => gemv_kernel(enc, batch.clamp(1, GEMV_MAX_BATCH)),
+        let kernel = match (batch, bulk_cols(w, batch)) {
+            (1, true) => Kernel::GemvQ8BulkB1,
+            (2..=GEMV_MAX_BATCH, true) => bulk_rows_kernel(batch, [Kernel::GemvQ8BulkB8, Kernel::GemvQ8BulkB16]),
+            _ => gemv_kernel(enc, batch.clamp(1, GEMV_MAX_BATCH)),
         };
         let c = Check::new(kernel);
         c.ensure((1..=GEMV_MAX_BATCH).contains(&batch), || {
@@ -397,7 +428,7 @@ impl KernelSet {
         // b2 and b4: x rows in 256-column blocks of 16-byte units, after 8 zero units (gemv.cu).
         let smem = if q6_rows > 0 { (8 + q6_rows * w.cols.div_ceil(256) * 32) * 16 } else { 0 };
         let (grid, smem) = match () {
-            _ if is_bulk(c.kernel) => self.bulk_launch(&c, w.rows, w.cols)?,
+            _ if is_bulk(c.kernel) => self.bulk_launch(&c, w.rows, w.cols, if batch > 1 { batch * rows_ld(w.cols) * 2 } else { 0 })?,
             _ if mma => (blocks(w.rows, 16), smem),
             _ if q6 => (blocks(w.rows.div_ceil(16), ROWS_PER_BLOCK).min(self.resident(c.kernel, 256, smem)? as u32), smem),
             _ => (self.row_grid(c.kernel, w.rows), smem),

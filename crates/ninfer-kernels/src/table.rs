@@ -46,6 +46,12 @@ kernel_table! {
     GemvQ8NormBulkB1 => "fused", "ninfer_gemv_q8_g32_norm_bulk_b1";
     GemvQ8NormConvBulkB1 => "fused", "ninfer_gemv_q8_g32_norm_conv_bulk_b1";
     GemvQ8GnormBulkB1 => "fused", "ninfer_gemv_q8_g32_gnorm_bulk_b1";
+    GemvQ8GnormBulkB8 => "fused", "ninfer_gemv_q8_g32_gnorm_bulk_b8";
+    GemvQ8GnormBulkB16 => "fused", "ninfer_gemv_q8_g32_gnorm_bulk_b16";
+    GemvQ8NormBulkB8 => "fused", "ninfer_gemv_q8_g32_norm_bulk_b8";
+    GemvQ8NormBulkB16 => "fused", "ninfer_gemv_q8_g32_norm_bulk_b16";
+    GemvQ8NormConvBulkB8 => "fused", "ninfer_gemv_q8_g32_norm_conv_bulk_b8";
+    GemvQ8NormConvBulkB16 => "fused", "ninfer_gemv_q8_g32_norm_conv_bulk_b16";
     GemvBf16GnormB1 => "fused", "ninfer_gemv_bf16_gnorm_b1";
     GemvQ8GnormB1 => "fused", "ninfer_gemv_q8_g32_gnorm_b1";
     GemvBf16NormMmaB8 => "fused", "ninfer_gemv_bf16_norm_mma_b8";
@@ -60,6 +66,8 @@ kernel_table! {
     GemvBf16MmaB16 => "gemv", "ninfer_gemv_bf16_mma_b16";
     GemvQ8B1 => "gemv", "ninfer_gemv_q8_g32_b1";
     GemvQ8BulkB1 => "gemv", "ninfer_gemv_q8_g32_bulk_b1";
+    GemvQ8BulkB8 => "gemv", "ninfer_gemv_q8_g32_bulk_b8";
+    GemvQ8BulkB16 => "gemv", "ninfer_gemv_q8_g32_bulk_b16";
     GemvQ8MmaB8 => "gemv", "ninfer_gemv_q8_g32_mma_b8";
     GemvQ8MmaB16 => "gemv", "ninfer_gemv_q8_g32_mma_b16";
     GemvQ6MmaB2 => "gemv", "ninfer_gemv_q6_g64_mma_b2";

@@ -154,7 +154,7 @@ fn bench_gemv_gnorm() {
         for dim in [128, 512, 64] {
             let w = up(&s, &rng.bf16s(dim, 0.1));
             let fused = time_rotating(&s, ms.len(), 24, |i| {
-                g.ks.gemv_gnorm(&s, &ms[i].view(), &x, &z, (&w, dim, 1e-6), &mut y, false).unwrap()
+                g.ks.gemv_gnorm(&s, &ms[i].view(), &x, (&z, 1, k), (&w, dim, 1e-6), &mut y, false).unwrap()
             });
             report(&format!("gemv_gnorm Q8 {n}x{k} b=1, {} heads of {dim}", k / dim), fused, bytes);
         }

@@ -1,7 +1,7 @@
 //! fused.cu: the products with their neighbouring launches folded in, against those launches
 //! (the same bits) and against the CPU.
 
-use ninfer_kernels::{ConvTail, SeqSlots};
+use ninfer_kernels::{bf16, ConvTail, SeqSlots};
 
 use crate::common::*;
 use crate::mats::*;
@@ -67,67 +67,87 @@ fn gemv_norm_conv_equals_norm_gemv_then_conv() {
     // One q8_g32 row of the model's shape takes its weights by bulk copies: more stages per
     // block than it keeps in flight, the conv rows starting and ending inside stages.
     norm_conv_case(Enc::Q8, (3003, 6000, 4005), 2048, 1, 990);
+    // A decode batch of that shape on the bulk-copy kernels of 2-8 and 9-16 rows.
+    norm_conv_case(Enc::Q8, (3003, 6000, 4005), 2048, 4, 991);
+    norm_conv_case(Enc::Q8, (3003, 6000, 4005), 2048, 13, 992);
 }
 
-/// gemv_gnorm against gated_rms_norm then gemv (or gemv_add), and against the CPU.
-fn gnorm_case(enc: Enc, n: usize, heads: usize, dim: usize, seed: u64) {
+/// gemv_gnorm of `batch` rows (their gates `ldz` apart, NaN between) against gated_rms_norm then
+/// gemv (or gemv_add), and against the CPU.
+fn gnorm_case(enc: Enc, n: usize, (heads, dim): (usize, usize), batch: usize, seed: u64) {
     let Some(g) = gpu() else { return };
     let s = g.stream();
     let mut rng = Rng::new(seed);
     let k = heads * dim;
+    let ldz = k + 16;
     let m = HostMat::random(enc, 1, n, k, 1, &mut rng);
     let dm = m.upload(&s);
-    let (x, z, nw) = (rng.bf16s(k, 1.0), rng.bf16s(k, 1.5), rng.bf16s(dim, 0.5));
-    let resid = rng.bf16s(n, 2.0);
+    let (x, mut z, nw) = (rng.bf16s(batch * k, 1.0), rng.bf16s(batch * ldz, 1.5), rng.bf16s(dim, 0.5));
+    for b in 0..batch {
+        z[b * ldz + k..(b + 1) * ldz].fill(bf16::NAN);
+    }
+    let resid = rng.bf16s(batch * n, 2.0);
     let (dx, dz, dnw) = (up(&s, &x), up(&s, &z), up(&s, &nw));
     let eps = 1e-6f32;
-    let name = format!("gemv_gnorm {enc:?} n={n} heads={heads} dim={dim}");
+    let name = format!("gemv_gnorm {enc:?} n={n} heads={heads} dim={dim} batch={batch}");
 
-    let mut a = nan_bf16(&s, k);
-    g.ks.gated_rms_norm(&s, &dx, &dz, heads, k, &dnw, &mut a, heads, dim, eps).unwrap();
-    let mut y_two = nan_bf16(&s, n);
-    g.ks.gemv(&s, &dm.view(), &a, 1, k, &mut y_two, n).unwrap();
+    let mut a = nan_bf16(&s, batch * k);
+    g.ks.gated_rms_norm(&s, &dx, &dz, heads, ldz, &dnw, &mut a, batch * heads, dim, eps).unwrap();
+    let mut y_two = nan_bf16(&s, batch * n);
+    g.ks.gemv(&s, &dm.view(), &a, batch, k, &mut y_two, n).unwrap();
     let mut h_two = up(&s, &resid);
-    g.ks.gemv_add(&s, &dm.view(), &a, 1, k, &mut h_two, n).unwrap();
+    g.ks.gemv_add(&s, &dm.view(), &a, batch, k, &mut h_two, n).unwrap();
 
-    let mut y_one = nan_bf16(&s, n);
-    g.ks.gemv_gnorm(&s, &dm.view(), &dx, &dz, (&dnw, dim, eps), &mut y_one, false).unwrap();
+    let mut y_one = nan_bf16(&s, batch * n);
+    g.ks.gemv_gnorm(&s, &dm.view(), &dx, (&dz, batch, ldz), (&dnw, dim, eps), &mut y_one, false).unwrap();
     let mut h_one = up(&s, &resid);
-    g.ks.gemv_gnorm(&s, &dm.view(), &dx, &dz, (&dnw, dim, eps), &mut h_one, true).unwrap();
+    g.ks.gemv_gnorm(&s, &dm.view(), &dx, (&dz, batch, ldz), (&dnw, dim, eps), &mut h_one, true).unwrap();
     let y = to_f32(&down(&s, &y_one));
     assert!(y.iter().all(|v| v.is_finite()), "{name}: non-finite output");
-    if enc == Enc::Q8 && k.is_multiple_of(256) {
+    if batch == 1 && enc == Enc::Q8 && k.is_multiple_of(256) {
         // The bulk-copy kernel on the tensor cores: its sums in another order, then bf16.
         assert_close(&format!("{name} vs gated_rms_norm + gemv"), &y, &to_f32(&down(&s, &y_two)), 5e-3);
         assert_close(&format!("{name} accumulated vs gemv_add"), &to_f32(&down(&s, &h_one)), &to_f32(&down(&s, &h_two)), 5e-3);
     } else {
+        // One row's SIMT kernel, and a batch's bulk-copy kernel beside gemv's of the same rows.
         assert_eq!(down(&s, &y_one), down(&s, &y_two), "{name}: y differs from gated_rms_norm + gemv");
         assert_eq!(down(&s, &h_one), down(&s, &h_two), "{name}: accumulated y differs from gated_rms_norm + gemv_add");
     }
 
     // CPU: per head n = bf16(x / rms), m = bf16(n * w), a = bf16(m * silu(z)), y = a . W.
     let (xf, zf, wf) = (to_f32(&x), to_f32(&z), to_f32(&nw));
-    let mut af = vec![0f32; k];
-    for hd in 0..heads {
-        let r = &xf[hd * dim..(hd + 1) * dim];
-        let ms = r.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / dim as f64;
-        let inv = 1.0 / (ms + eps as f64).sqrt();
-        for i in 0..dim {
-            let nrm = bf((r[i] as f64 * inv) as f32);
-            let mm = bf(nrm * wf[i]);
-            af[hd * dim + i] = bf((mm as f64 * silu(zf[hd * dim + i] as f64)) as f32);
+    let dense = m.dequant_expert(0);
+    for b in 0..batch {
+        let mut af = vec![0f32; k];
+        for hd in 0..heads {
+            let r = &xf[b * k + hd * dim..b * k + (hd + 1) * dim];
+            let ms = r.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / dim as f64;
+            let inv = 1.0 / (ms + eps as f64).sqrt();
+            for i in 0..dim {
+                let nrm = bf((r[i] as f64 * inv) as f32);
+                let mm = bf(nrm * wf[i]);
+                af[hd * dim + i] = bf((mm as f64 * silu(zf[b * ldz + hd * dim + i] as f64)) as f32);
+            }
         }
+        assert_close(&format!("{name} row {b} vs CPU"), &y[b * n..(b + 1) * n], &matvec(&dense, n, k, &af), 1e-2);
     }
-    assert_close(&format!("{name} vs CPU"), &y, &matvec(&m.dequant_expert(0), n, k, &af), 1e-2);
 }
 
 #[test]
 fn gemv_gnorm_equals_gated_norm_then_gemv() {
     for (i, enc) in [Enc::Bf16, Enc::Q8].into_iter().enumerate() {
-        gnorm_case(enc, 300, 32, 128, 920 + i as u64);
-        gnorm_case(enc, 37, 3, 64, 930 + i as u64);
-        gnorm_case(enc, 20011, 2, 128, 935 + i as u64);
+        gnorm_case(enc, 300, (32, 128), 1, 920 + i as u64);
+        gnorm_case(enc, 37, (3, 64), 1, 930 + i as u64);
+        gnorm_case(enc, 20011, (2, 128), 1, 935 + i as u64);
     }
+    // A decode batch's GDN output projection (32 heads of 128, K = 4096) on the bulk-copy
+    // kernels of 2-8 and 9-16 rows; 3 heads of 256 over a cluster's 8 blocks, and more rows
+    // than stages in flight.
+    for (j, batch) in [2usize, 5, 8, 9, 16].into_iter().enumerate() {
+        gnorm_case(Enc::Q8, 2048, (32, 128), batch, 940 + j as u64);
+        gnorm_case(Enc::Q8, 37, (3, 256), batch, 950 + j as u64);
+    }
+    gnorm_case(Enc::Q8, 12_357, (16, 128), 4, 960);
 }
 
 /// The launchers refuse what the kernels cannot do.
@@ -150,7 +170,12 @@ fn fused_launchers_refuse_bad_shapes() {
     assert!(g.ks.gemv_norm(&s, &m48.view(), &x48, (2, 16), (&nw48, 1e-6), &mut y9, None).is_err(), "a batch of 48 columns: not whole 32-column groups");
     let m4 = HostMat::random(Enc::Q4, 1, 16, 256, 1, &mut rng).upload(&s);
     let (x4, nw) = (nan_bf16(&s, 256), nan_bf16(&s, 96));
-    assert!(g.ks.gemv_gnorm(&s, &m4.view(), &x4, &x4, (&nw, 64, 1e-6), &mut y, false).is_err(), "q4 has no gated-norm product");
+    assert!(g.ks.gemv_gnorm(&s, &m4.view(), &x4, (&x4, 1, 256), (&nw, 64, 1e-6), &mut y, false).is_err(), "q4 has no gated-norm product");
     let m8 = HostMat::random(Enc::Q8, 1, 16, 256, 1, &mut rng).upload(&s);
-    assert!(g.ks.gemv_gnorm(&s, &m8.view(), &x4, &x4, (&nw, 96, 1e-6), &mut y, false).is_err(), "256 columns are not heads of 96");
+    assert!(g.ks.gemv_gnorm(&s, &m8.view(), &x4, (&x4, 1, 256), (&nw, 96, 1e-6), &mut y, false).is_err(), "256 columns are not heads of 96");
+    let (x2, mut y2) = (nan_bf16(&s, 2 * 256), nan_bf16(&s, 2 * 16));
+    assert!(g.ks.gemv_gnorm(&s, &m8.view(), &x2, (&x2, 2, 128), (&nw, 64, 1e-6), &mut y2, false).is_err(), "z rows closer than their 256 columns");
+    assert!(g.ks.gemv_gnorm(&s, &m2.view(), &x9, (&x9, 2, 4096), (&nw, 64, 1e-6), &mut y, false).is_err(), "y of 16 for 2 rows of 16");
+    let m8b = HostMat::random(Enc::Q8, 1, 16, 192, 1, &mut rng).upload(&s);
+    assert!(g.ks.gemv_gnorm(&s, &m8b.view(), &x2, (&x2, 2, 192), (&nw, 64, 1e-6), &mut y2, false).is_err(), "a batch of 192 columns: no bulk-copy kernel");
 }

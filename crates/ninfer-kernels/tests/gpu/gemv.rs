@@ -60,6 +60,10 @@ fn gemv_all_encodings_small_shapes() {
     // keeps in flight, x padded with NaN past K.
     run_case(Enc::Q8, 12_357, 2048, 1, 2064, 1, 40);
     run_case(Enc::Q8, 3001, 4096, 1, 4096, 1, 41);
+    // Batches of them: 2-8 and 9-16 rows, K = 4096 and 16 rows (one stage in flight).
+    run_case(Enc::Q8, 12_357, 2048, 4, 2064, 1, 42);
+    run_case(Enc::Q8, 3001, 4096, 16, 4096, 1, 43);
+    run_case(Enc::Q8, 2048, 4096, 7, 4104, 1, 44);
 }
 
 /// More rows than the device holds warps at once: each warp streams several rows (RowStream),
@@ -161,9 +165,9 @@ fn norm_case(enc: Enc, n: usize, k: usize, batch: usize, seed: u64) {
     g.ks.gemv_norm(&s, &dm.view(), &dx, (batch, ldy), (&dw, eps), &mut y_one, Some(&mut a_one.slice_mut(..))).unwrap();
     let (y_two, y_one) = (down(&s, &y_two), down(&s, &y_one));
     let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    // One q8_g32 row of K % 256 == 0 runs the bulk-copy kernel on the tensor cores: its sums
-    // in another order than the SIMT product's.
-    let bulk = enc == Enc::Q8 && batch == 1 && k.is_multiple_of(256);
+    // q8_g32 rows of K % 256 == 0 (a batch's: K <= 4096) run the bulk-copy kernels on the
+    // tensor cores: their sums in another order than the other products'.
+    let bulk = enc == Enc::Q8 && k.is_multiple_of(256) && (batch == 1 || k <= 4096);
     if bulk {
         let dense = |v: &[f32]| (0..batch).flat_map(|b| v[b * ldy..b * ldy + n].to_vec()).collect::<Vec<_>>();
         assert_close(&format!("{name} vs norm + gemv"), &dense(&y_one), &dense(&y_two), 1e-5);
@@ -209,6 +213,12 @@ fn gemv_norm_equals_norm_then_gemv() {
     // K = 4096: 2), the last block's last stage partial.
     norm_case(Enc::Q8, 12357, 2048, 1, 681);
     norm_case(Enc::Q8, 6003, 4096, 1, 682);
+    // Batches of them the same way, the rows at the start of the shared memory (K = 4096 and 8
+    // rows: one stage in flight), and a batch of 4,352 columns on the tensor-core kernel.
+    norm_case(Enc::Q8, 12357, 2048, 3, 683);
+    norm_case(Enc::Q8, 12357, 2048, 16, 684);
+    norm_case(Enc::Q8, 6003, 4096, 8, 685);
+    norm_case(Enc::Q8, 301, 4352, 7, 686);
 }
 
 /// The product added into a bf16 residual: y = bf16(y + bf16(x . W)), SIMT and tensor-core rows.

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use ninfer_kernels::{
-    AttentionBatch, AttnTiles, ConvTail, DeltaForm, GdnDims, GDN_CHUNK_MIN, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, KvCacheOut, MatrixView, PagedKv, Routing, Rows, SeqSlots, Weights,
+    gnorm_takes_batch, AttentionBatch, AttnTiles, ConvTail, DeltaForm, GdnDims, GDN_CHUNK_MIN, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, KvCacheOut, MatrixView, PagedKv, Routing, Rows, SeqSlots, Weights,
     BATCH_MAX_TOKENS, GEMV_MAX_BATCH, GROUPED_MAX_TOKENS, NORM_BATCH_X,
 };
 
@@ -371,10 +371,11 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, gi:
     // single token's output projection norms its own input when it adds into h.
     let norm_w = cx.arena.bf16(g.norm);
     let eps = cx.cfg.rms_norm_eps;
-    if fuse.add_out && t == 1 && g.out.takes_norm() {
-        let z = if z_stacked { ws.proj.slice(..vd) } else { ws.z.slice(..vd) };
-        let (m, x) = (cx.arena.mat(&g.out), ws.mix.slice(..vd));
-        cx.ks.gemv_gnorm(cx.s, &m, &x, &z, (&norm_w, d.dv, eps), &mut ws.h.slice_mut(..h), true).map_err(kern)?;
+    let m = cx.arena.mat(&g.out);
+    if fuse.add_out && ((t == 1 && g.out.takes_norm()) || gnorm_takes_batch(&m, t)) {
+        let (z, ldz) = if z_stacked { (ws.proj.slice(..(t - 1) * ld + vd), ld) } else { (ws.z.slice(..t * vd), vd) };
+        let x = ws.mix.slice(..t * vd);
+        cx.ks.gemv_gnorm(cx.s, &m, &x, (&z, t, ldz), (&norm_w, d.dv, eps), &mut ws.h.slice_mut(..t * h), true).map_err(kern)?;
         cx.mark("gdn.out", g.out.bytes());
         return Ok(());
     }
