@@ -44,7 +44,10 @@ __device__ __forceinline__ void i8x4_f16(uint32_t w, uint32_t& lo, uint32_t& hi)
 }
 
 // A block's stages of 16 rows in shared memory at `mem` (as many as `bytes` hold, 1 to
-// BULK_MAX_STAGES), each copied row by row onto its mbarrier: stage i in buffer i % stages.
+// BULK_MAX_STAGES), each copied row by row onto its mbarrier: stage i in buffer (slot)
+// i % stages, whose barrier completes its phase i / stages. The loops carry slot and phase
+// (BulkSlot) instead of dividing: a signed division is some twenty instructions, and the
+// first of them ran between grid_wait() and the first MMA.
 struct BulkStages {
     uint8_t* mem;
     uint64_t* bar;
@@ -52,14 +55,13 @@ struct BulkStages {
     int k, cld, sld, stages, count;
     uint32_t stage_bytes;
 
-    __device__ uint8_t* buf(int i) const { return mem + (size_t)(i % stages) * stage_bytes; }
-    __device__ void wait(int i) const { mbar_wait(&bar[i % stages], (i / stages) & 1); }
+    __device__ uint8_t* buf(int slot) const { return mem + (size_t)slot * stage_bytes; }
 
-    // By warp 0: stage i's rows (lane r the codes of row r, lane 16 + r its scales).
-    __device__ void issue(const Mat& m, int i, int lane) const {
+    // By warp 0: stage i's rows into `slot` (lane r the codes of row r, lane 16 + r its scales).
+    __device__ void issue(const Mat& m, int i, int slot, int lane) const {
         const int r0 = rows.begin + BULK_ROWS * i, n = min(BULK_ROWS, rows.end - r0), r = lane & 15;
-        uint8_t* b = buf(i);
-        uint64_t* mb = &bar[i % stages];
+        uint8_t* b = buf(slot);
+        uint64_t* mb = &bar[slot];
         if (lane == 0) mbar_expect(mb, n * (k + k / 16));
         __syncwarp();
         if (r < n) {
@@ -78,15 +80,29 @@ struct BulkStages {
         }
         __syncthreads();
         if (threadIdx.x < 32)
-            for (int i = 0; i < min(stages, count); ++i) issue(m, i, threadIdx.x);
+            for (int i = 0; i < min(stages, count); ++i) issue(m, i, i, threadIdx.x);
     }
 
-    // After a block barrier that follows every read of stage i's buffer: stage i + stages into it.
-    __device__ void refill(const Mat& m, int i) const {
+    // After a block barrier that follows every read of stage i's buffer (in `slot`): stage
+    // i + stages into it.
+    __device__ void refill(const Mat& m, int i, int slot) const {
         if (threadIdx.x < 32 && i + stages < count) {
             // The buffer's shared-memory reads before the copy engine's writes.
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            issue(m, i + stages, threadIdx.x);
+            issue(m, i + stages, slot, threadIdx.x);
+        }
+    }
+};
+
+// Stage i's buffer and the phase its barrier completes, carried from one stage to the next.
+struct BulkSlot {
+    int slot = 0, phase = 0;
+
+    __device__ void wait(const BulkStages& s) const { mbar_wait(&s.bar[slot], phase); }
+    __device__ void next(const BulkStages& s) {
+        if (++slot == s.stages) {
+            slot = 0;
+            phase ^= 1;
         }
     }
 };
@@ -104,17 +120,19 @@ __device__ __forceinline__ BulkStages bulk_stages(const Mat& m, uint64_t* bar, i
     return {bulk_dyn + skip, bar, rows, k, cld, sld, stages, count, stage_bytes};
 }
 
-// `rows` bf16 rows of K elements (row stride ld) to f16 in place: thread i the chunks i, i + 256, ...
+// `rows` bf16 rows of K elements (row stride ld) to f16 in place: thread i the chunks i, i + 256,
+// ... of each row (a row at a time, so that no chunk index is divided).
 __device__ __forceinline__ void rows_to_f16(bf16* xs, int rows, int k, int ld) {
-    for (int i = threadIdx.x; i < rows * (k / 8); i += BULK_THREADS) {
-        const int b = i / (k / 8), c = i - b * (k / 8);
-        uint4* p = reinterpret_cast<uint4*>(xs + (size_t)b * ld + c * 8);
-        float v[8];
-        unpack_bf8(*p, v);
-        __half2 h[4];
+    for (int b = 0; b < rows; ++b) {
+        for (int c = threadIdx.x; c < k / 8; c += BULK_THREADS) {
+            uint4* p = reinterpret_cast<uint4*>(xs + (size_t)b * ld + c * 8);
+            float v[8];
+            unpack_bf8(*p, v);
+            __half2 h[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) h[j] = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
-        *p = *reinterpret_cast<const uint4*>(h);
+            for (int j = 0; j < 4; ++j) h[j] = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
+            *p = *reinterpret_cast<const uint4*>(h);
+        }
     }
 }
 
@@ -165,9 +183,10 @@ __device__ __forceinline__ void bulk_product(const GemvArgs& a, Fill fill, Epi e
     fill(xs);
     rows_to_f16(xs, 1, s.k, s.k);
     __syncthreads();
-    for (int i = 0; i < s.count; ++i) {
-        s.wait(i);
-        const uint8_t* buf = s.buf(i);
+    BulkSlot at;
+    for (int i = 0; i < s.count; ++i, at.next(s)) {
+        at.wait(s);
+        const uint8_t* buf = s.buf(at.slot);
         float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};  // column 0 (x) of rows g and g + 8 in lanes t == 0
         for (int grp = warp; grp < s.k / 32; grp += MMA_WARPS) {
             const uint4 xb[1] = {g == 0 ? *reinterpret_cast<const uint4*>(xs + grp * 32 + 8 * t) : make_uint4(0u, 0u, 0u, 0u)};
@@ -178,7 +197,7 @@ __device__ __forceinline__ void bulk_product(const GemvArgs& a, Fill fill, Epi e
             part[warp][g + 8] = acc[0][2];
         }
         __syncthreads();  // every warp is done with this buffer, and part is whole
-        s.refill(a.m, i);
+        s.refill(a.m, i, at.slot);
         const int r = threadIdx.x - BULK_ROWS * i, row = s.rows.begin + BULK_ROWS * i + r;
         if (r >= 0 && r < BULK_ROWS && row < s.rows.end) {
             float sum = 0.f;
@@ -211,11 +230,12 @@ __device__ __forceinline__ void bulk_rows_product(const GemvArgs& a, bf16* xs, i
     __syncthreads();
     rows_to_f16(xs, a.batch, s.k, ld);
     __syncthreads();
-    for (int i = 0; i < s.count; ++i) {
+    BulkSlot at;
+    for (int i = 0; i < s.count; ++i, at.next(s)) {
         const int row0 = s.rows.begin + BULK_ROWS * i;
         begin(row0 / BULK_ROWS);
-        s.wait(i);
-        const uint8_t* buf = s.buf(i);
+        at.wait(s);
+        const uint8_t* buf = s.buf(at.slot);
         float acc[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
@@ -230,7 +250,7 @@ __device__ __forceinline__ void bulk_rows_product(const GemvArgs& a, bf16* xs, i
         }
         acc_to_part<NT>(part[warp], acc, g, t);
         __syncthreads();  // every warp is done with this buffer, and part is whole
-        s.refill(a.m, i);
+        s.refill(a.m, i, at.slot);
         if (threadIdx.x < BULK_ROWS * 8 * NT) {
             const int r = threadIdx.x / (8 * NT), b = threadIdx.x - r * 8 * NT, row = row0 + r;
             if (row < s.rows.end && b < a.batch) {
