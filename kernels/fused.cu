@@ -33,7 +33,7 @@
 //   16 + 16) bytes, grid at most ceil(N / 16) (the blocks resident at once).
 //
 // ninfer_gemv_q8_g32_norm_bulk_b8 / _b16, _norm_conv_bulk_b8 / _b16  (GemvNormArgs /
-//   NormConvArgs; 2-8 / 9-16 rows, K % 256 == 0)
+//   NormConvArgs; 2-8 / 9-16 rows, K % 256 == 0, K <= 4096)
 //   ninfer_gemv_q8_g32_norm_mma_b<NB> / _norm_conv_mma_b<NB> (below) on gemv_bulk.cuh's
 //   bulk_rows_product: the normed rows (their bits) at the start of the dynamic shared memory,
 //   turned into f16 in place (exact while |a| < 65,504), then the weight stages of the one-row
@@ -41,7 +41,7 @@
 //   kernels). Launch: block 256, dynamic shared memory norm_smem(batch, K) rounded up to 128
 //   plus the stages, grid at most ceil(N / 16) (the blocks resident at once).
 //
-// ninfer_gemv_q8_g32_gnorm_bulk_b8 / _b16  (GatedArgs; 2-8 / 9-16 rows, K % 256 == 0)
+// ninfer_gemv_q8_g32_gnorm_bulk_b8 / _b16  (GatedArgs; 2-8 / 9-16 rows, K % 256 == 0, K <= 4096)
 //   ninfer_gemv_q8_g32_gnorm_bulk_b1 for g.batch rows x[b] (row stride g.ldx) with gates z[b]
 //   (row stride ldz), y [batch, g.ldy], on bulk_rows_product: the gated rows (row stride
 //   NORM_LD(K), batch * NORM_LD(K) * 2 bytes rounded up to 128) at the start of the dynamic
@@ -315,7 +315,7 @@ __device__ __forceinline__ void gnorm_bulk_rows_body(const GatedArgs& a) {
     extern __shared__ __align__(16) bf16 xs_dyn[];
     const int ld = NORM_LD(a.g.m.cols);
     bulk_rows_product<NT>(
-        a.g, xs_dyn, ld, (a.g.batch * ld * 2 + 127) / 128 * 128,
+        a.g, xs_dyn, ld, bulk_align(a.g.batch * ld * 2),
         [&] {
             fill_gated(xs_dyn, a, a.g.batch, ld);
             cooperative_groups::this_cluster().barrier_wait();
@@ -376,7 +376,7 @@ __device__ __forceinline__ void fill_norm_rows(bf16* xs, const GemvNormArgs& na)
 // The dynamic shared memory fill_norm_rows takes for `batch` rows of K (norm_smem in fused.rs),
 // rounded up to the 128 bytes after which bulk_rows_product's stages start.
 __device__ __forceinline__ int norm_rows_bytes(int batch, int k) {
-    return (batch * NORM_LD(k) * 2 + k * 2 + batch * k / 2 + 127) / 128 * 128;
+    return bulk_align(batch * NORM_LD(k) * 2 + k * 2 + batch * k / 2);
 }
 
 // A normed product of 2-16 rows: on mma_product, or with BULK (q8_g32, K % 256 == 0) on

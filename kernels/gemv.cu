@@ -33,7 +33,7 @@
 //   ninfer_gemv_q8_g32_b1). Launch: block 256, dynamic shared memory stages * 16 * (K + 32 + K
 //   / 16 + 16) bytes, grid at most ceil(N / 16) (gemv.rs's bulk_launch).
 //
-// ninfer_gemv_q8_g32_bulk_b8 / _b16  (2-8 and 9-16 rows; K % 256 == 0, K <= 8192)
+// ninfer_gemv_q8_g32_bulk_b8 / _b16  (2-8 and 9-16 rows; K % 256 == 0, K <= 4096)
 //   The same for a batch (gemv_bulk.cuh's bulk_rows_product): the batch's x rows are copied
 //   into the start of the dynamic shared memory (row stride NORM_LD(K) = ceil(K / 64) * 64 + 32
 //   elements, batch * NORM_LD(K) * 2 bytes rounded up to 128) and turned into f16, the weight
@@ -389,13 +389,13 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) ninfer_gemv_q8_g32_bu
 }
 
 // A batch's x rows copied into the block's shared memory at NORM_LD(K) (thread i the chunks i,
-// i + 256, ... of the rows laid end to end, those it converts to f16 next).
+// i + 256, ... of the rows laid end to end; a loop per row, as rows_to_f16 runs, spilled here).
 template <int NT>
 __device__ __forceinline__ void gemv_bulk_rows(const GemvArgs& a) {
     extern __shared__ __align__(16) bf16 xs_dyn[];
     const int k = a.m.cols, ld = NORM_LD(k), nch = k / 8;
     bulk_rows_product<NT>(
-        a, xs_dyn, ld, (a.batch * ld * 2 + 127) / 128 * 128,
+        a, xs_dyn, ld, bulk_align(a.batch * ld * 2),
         [&] {
             for (int i = threadIdx.x; i < a.batch * nch; i += BULK_THREADS) {
                 const int b = i / nch, c = i - b * nch;

@@ -15,6 +15,9 @@
 // column chunks a quarter warp reads fall on distinct banks (mirrored in fused.rs and gemv.rs).
 #define NORM_LD(k) (((k) + 63) / 64 * 64 + 32)
 
+// Bytes rounded up to the 128 after which bulk_rows_product's stages start.
+__device__ __forceinline__ int bulk_align(int bytes) { return (bytes + 127) / 128 * 128; }
+
 // Row strides of a stage in shared memory: codes K + 32 bytes and scales K / 16 + 16, so that
 // the eight rows a quarter warp reads for an MMA fall on distinct banks (K % 256 == 0).
 __device__ __forceinline__ int bulk_code_ld(int k) { return k + 32; }

@@ -284,9 +284,9 @@ impl KernelSet {
     pub(crate) fn bulk_launch(&self, c: &Check, rows: usize, cols: usize, xs: usize) -> Result<(u32, usize)> {
         let stage = BULK_ROWS * (cols + 32 + cols / 16 + 16);
         let smem = xs.next_multiple_of(128) + stage * (BULK_STAGE_MEM / stage).clamp(1, BULK_MAX_STAGES);
-        let per_sm = self.function(c.kernel).occupancy_max_active_blocks_per_multiprocessor(256, smem, None)?;
+        let per_sm = self.function(c.kernel).occupancy_max_active_blocks_per_multiprocessor(256, smem, None)? as usize;
         c.ensure(per_sm > 0, || format!("{xs} bytes of x rows of {cols} columns and a stage do not fit a block's shared memory"))?;
-        let grid = rows.div_ceil(BULK_ROWS).min(self.resident(c.kernel, 256, smem)?);
+        let grid = rows.div_ceil(BULK_ROWS).min(per_sm * self.num_sms());
         // One row's product stores a block's row i by its thread i; a batch's, by stages.
         let per_block = rows.div_ceil(grid).next_multiple_of(BULK_ROWS);
         c.ensure(xs > 0 || per_block <= BULK_MAX_BLOCK_ROWS, || format!("{rows} rows take {per_block} a block on this card, more than the bulk product's {BULK_MAX_BLOCK_ROWS}"))?;
