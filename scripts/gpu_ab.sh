@@ -1,27 +1,56 @@
 #!/usr/bin/env bash
-# Whether a change is faster: two builds of ninfer on the same GPU and the same synthetic model,
-# in turn. Installs each wheel into a folder of its own, synthesises the Qwen3.6-35B-A3B artifact
-# once, then runs `ninfer bench` (pp512, tg128 at 1, 4 and 16 sequences) and
-# scripts/decode_trace.py for A, B, A, B, ..., so that drift of the machine shows as the spread
-# within each side rather than as a difference between them. Writes ab.log (every output, then
-# a table of the medians with B / A, and one of each kernel's charged µs per decode step, A
-# against B) and each round's bench JSON into OUT_DIR.
+# Whether a change is faster: two or more builds of ninfer on the same GPU and the same
+# synthetic model, in turn. Installs each side into a folder of its own, synthesises the
+# Qwen3.6-35B-A3B artifact once, then runs `ninfer bench` (pp512, tg128 at 1, 4 and 16
+# sequences) and scripts/decode_trace.py for A, B, C, ..., A, B, C, ..., so that drift of the
+# machine shows as the spread within each side rather than as a difference between them.
+# Writes ab.log (every output, then a table of the medians with each side over A, and one of
+# each kernel's charged µs per decode step against A) and each round's bench JSON into OUT_DIR.
 #
-# Usage: scripts/gpu_ab.sh OUT_DIR WHEEL_A WHEEL_B [ROUNDS]   (ROUNDS default 2)
-# A wheel with the CUDA backend: `maturin build --release --features cuda --out DIR` in a
-# checkout of each side (a git worktree for the other branch).
+# Usage: scripts/gpu_ab.sh OUT_DIR SIDE_A SIDE_B [SIDE ...] [ROUNDS]   (ROUNDS default 2)
+# SIDE_A is a wheel with the CUDA backend: `maturin build --release --features cuda --out DIR`
+# in a checkout of that side (a git worktree for another branch). Each later side is a wheel,
+# or the core library of a build (its _core.abi3.so, optionally xz-compressed as
+# _core.abi3.so.xz), which then replaces A's: a build whose Python files match A's travels in
+# a third of a wheel's bytes. NINFER_AB_CONCURRENCY (default 1,4,16) picks the tg128 figures.
 set -uo pipefail
-[ $# -ge 3 ] || { sed -n '2,11p' "$0"; exit 2; }
-out=$1 rounds=${4:-2}
+args=("$@")
+rounds=2
+if [ $# -ge 1 ] && [[ ${args[-1]} =~ ^[0-9]+$ ]]; then
+    rounds=${args[-1]}
+    unset 'args[-1]'
+fi
+[ ${#args[@]} -ge 3 ] || { sed -n '2,16p' "$0"; exit 2; }
+out=${args[0]}
+sources=("${args[@]:1}")
+[ ${#sources[@]} -le 26 ] || { echo "at most 26 sides" >&2; exit 2; }
+conc=${NINFER_AB_CONCURRENCY:-1,4,16}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 log="$out/ab.log"
 : > "$log"
-declare -A wheel=([A]=$2 [B]=$3) site
-for side in A B; do
+sides=()
+declare -A site
+for i in "${!sources[@]}"; do
+    side=$(printf "\\x$(printf %x $((65 + i)))")
+    src=${sources[$i]}
+    sides+=("$side")
     site[$side]=$(mktemp -d)
-    python3 -m pip install -q --no-deps --target "${site[$side]}" "${wheel[$side]}" || exit 1
-    echo "$side: $(basename "${wheel[$side]}")" >> "$log"
+    case $src in
+    *.whl)
+        python3 -m pip install -q --no-deps --target "${site[$side]}" "$src" || exit 1 ;;
+    *_core.abi3.so | *_core.abi3.so.xz)
+        [ "$i" -gt 0 ] || { echo "side A must be a wheel: $src" >&2; exit 2; }
+        cp -r "${site[A]}/." "${site[$side]}" || exit 1
+        if [[ $src == *.xz ]]; then
+            xz -dc "$src" > "${site[$side]}/ninfer/_core.abi3.so" || exit 1
+        else
+            cp "$src" "${site[$side]}/ninfer/_core.abi3.so" || exit 1
+        fi ;;
+    *)
+        echo "not a wheel or a _core.abi3.so[.xz]: $src" >&2; exit 2 ;;
+    esac
+    echo "$side: $src" >> "$log"
 done
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; } >> "$log" 2>&1
 model="${TMPDIR:-/tmp}/ninfer-q36.ninfer"
@@ -30,11 +59,11 @@ if [ ! -f "$model" ]; then
     PYTHONPATH=${site[A]} python3 -m ninfer.cli synth --preset qwen3.6-35b-a3b -o "$model" >> "$log" 2>&1 || exit 1
 fi
 for r in $(seq 1 "$rounds"); do
-    for side in A B; do
+    for side in "${sides[@]}"; do
         echo "== round $r, $side" | tee -a "$log"
         json="$out/bench-$side$r.json"
         PYTHONPATH=${site[$side]} python3 -m ninfer.cli bench "$model" --device cuda --reps 2 --prefill 512 \
-            --concurrency 1,4,16 --json > "$json" 2>> "$log"
+            --concurrency "$conc" --json > "$json" 2>> "$log"
         cat "$json" >> "$log"
         if python3 -c "import torch" 2>/dev/null; then
             PYTHONPATH=${site[$side]} python3 "$root/scripts/decode_trace.py" "$model" --json "$traces/$side$r.json" 2>&1 \
@@ -42,28 +71,31 @@ for r in $(seq 1 "$rounds"); do
         fi
     done
 done
-python3 - "$out" "$rounds" "$traces" <<'EOF' | tee -a "$log"
+python3 - "$out" "$rounds" "$traces" "${sides[@]}" <<'EOF' | tee -a "$log"
 import json, os, statistics, sys
-out, rounds, traces = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-runs = {s: [json.load(open(f"{out}/bench-{s}{r}.json")) for r in range(1, rounds + 1)] for s in "AB"}
+out, rounds, traces, sides = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+others = sides[1:]
+runs = {s: [json.load(open(f"{out}/bench-{s}{r}.json")) for r in range(1, rounds + 1)] for s in sides}
 names = [f["name"] for f in runs["A"][0]["figures"]]
-print(f"{'figure':<12} {'A (each round)':>26} {'B (each round)':>26} {'B / A':>7}")
+print(f"{'figure':<12} " + " ".join(f"{s + ' (each round)':>24}" for s in sides) + " " + " ".join(f"{s + ' / A':>7}" for s in others))
 for n in names:
-    v = {s: [next(f["median"] for f in run["figures"] if f["name"] == n) for run in runs[s]] for s in "AB"}
-    cell = {s: " ".join(f"{x:,.1f}" for x in v[s]) for s in "AB"}
-    ratio = statistics.median(v["B"]) / statistics.median(v["A"])
-    print(f"{n:<12} {cell['A']:>26} {cell['B']:>26} {ratio:>7.3f}")
+    v = {s: [next(f["median"] for f in run["figures"] if f["name"] == n) for run in runs[s]] for s in sides}
+    cells = " ".join(f"{' '.join(f'{x:,.1f}' for x in v[s]):>24}" for s in sides)
+    ratios = " ".join(f"{statistics.median(v[s]) / statistics.median(v['A']):>7.3f}" for s in others)
+    print(f"{n:<12} {cells} {ratios}")
 # Each kernel's charged µs per decode step (decode_trace.py), the median of the rounds.
-tr = {s: [json.load(open(p)) for r in range(1, rounds + 1) if os.path.isfile(p := f"{traces}/{s}{r}.json")] for s in "AB"}
-if tr["A"] and tr["B"]:
+tr = {s: [json.load(open(p)) for r in range(1, rounds + 1) if os.path.isfile(p := f"{traces}/{s}{r}.json")] for s in sides}
+if all(tr[s] for s in sides):
     def med(side, name):
         return statistics.median(next((k["charged_us"] for k in t["kernels"] if k["name"] == name), 0.0) for t in tr[side])
-    names = list(dict.fromkeys(k["name"] for s in "AB" for t in tr[s] for k in t["kernels"]))
-    names.sort(key=lambda n: -max(med("A", n), med("B", n)))
-    print(f"\n{'kernel (charged µs per step)':<40} {'A':>9} {'B':>9} {'B - A':>9}")
+    names = list(dict.fromkeys(k["name"] for s in sides for t in tr[s] for k in t["kernels"]))
+    names.sort(key=lambda n: -max(med(s, n) for s in sides))
+    head = " ".join(f"{s:>9}" for s in sides) + " " + " ".join(f"{s + ' - A':>9}" for s in others)
+    print(f"\n{'kernel (charged µs per step)':<40} {head}")
+    def row(label, vals):
+        print(f"{label:<40} " + " ".join(f"{vals[s]:>9.1f}" for s in sides) + " "
+              + " ".join(f"{vals[s] - vals['A']:>+9.1f}" for s in others))
     for n in names:
-        a, b = med("A", n), med("B", n)
-        print(f"{n:<40} {a:>9.1f} {b:>9.1f} {b - a:>+9.1f}")
-    a, b = (statistics.median(t["step_us"] for t in tr[s]) for s in "AB")
-    print(f"{'step on the GPU':<40} {a:>9.1f} {b:>9.1f} {b - a:>+9.1f}")
+        row(n, {s: med(s, n) for s in sides})
+    row("step on the GPU", {s: statistics.median(t["step_us"] for t in tr[s]) for s in sides})
 EOF
