@@ -11,8 +11,9 @@
 # SIDE_A is a wheel with the CUDA backend: `maturin build --release --features cuda --out DIR`
 # in a checkout of that side (a git worktree for another branch). Each later side is a wheel,
 # or the core library of a build (its _core.abi3.so, optionally xz-compressed as
-# _core.abi3.so.xz), which then replaces A's: a build whose Python files match A's travels in
-# a third of a wheel's bytes. NINFER_AB_CONCURRENCY (default 1,4,16) picks the tg128 figures.
+# _core.abi3.so.xz, as scripts/ab_cores.sh builds them), which then replaces A's: a build
+# whose Python files match A's travels in a fifth of a wheel's bytes. NINFER_AB_CONCURRENCY
+# (default 1,4,16) picks the tg128 figures.
 set -uo pipefail
 args=("$@")
 rounds=2
@@ -20,7 +21,7 @@ if [ $# -ge 1 ] && [[ ${args[-1]} =~ ^[0-9]+$ ]]; then
     rounds=${args[-1]}
     unset 'args[-1]'
 fi
-[ ${#args[@]} -ge 3 ] || { sed -n '2,16p' "$0"; exit 2; }
+[ ${#args[@]} -ge 3 ] || { sed -n '2,17p' "$0"; exit 2; }
 out=${args[0]}
 sources=("${args[@]:1}")
 [ ${#sources[@]} -le 26 ] || { echo "at most 26 sides" >&2; exit 2; }
