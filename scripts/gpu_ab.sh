@@ -8,12 +8,12 @@
 # each kernel's charged µs per decode step against A) and each round's bench JSON into OUT_DIR.
 #
 # Usage: scripts/gpu_ab.sh OUT_DIR SIDE_A SIDE_B [SIDE ...] [ROUNDS]   (ROUNDS default 2)
-# SIDE_A is a wheel with the CUDA backend: `maturin build --release --features cuda --out DIR`
-# in a checkout of that side (a git worktree for another branch). Each later side is a wheel,
-# or the core library of a build (its _core.abi3.so, optionally xz-compressed as
-# _core.abi3.so.xz, as scripts/ab_cores.sh builds them), which then replaces A's: a build
-# whose Python files match A's travels in a fifth of a wheel's bytes. NINFER_AB_CONCURRENCY
-# (default 1,4,16) picks the tg128 figures.
+# A side is a wheel with the CUDA backend (`maturin build --release --features cuda --out DIR`
+# in a checkout of that side, a git worktree for another branch), or the core library of a
+# build (its _core.abi3.so, optionally xz-compressed as _core.abi3.so.xz, as
+# scripts/ab_cores.sh builds them) beside A's Python files, or this checkout's python/ninfer
+# when A is a core: a build whose Python files match travels in a fifth of a wheel's bytes.
+# NINFER_AB_CONCURRENCY (default 1,4,16) picks the tg128 figures.
 set -uo pipefail
 args=("$@")
 rounds=2
@@ -41,8 +41,11 @@ for i in "${!sources[@]}"; do
     *.whl)
         python3 -m pip install -q --no-deps --target "${site[$side]}" "$src" || exit 1 ;;
     *_core.abi3.so | *_core.abi3.so.xz)
-        [ "$i" -gt 0 ] || { echo "side A must be a wheel: $src" >&2; exit 2; }
-        cp -r "${site[A]}/." "${site[$side]}" || exit 1
+        if [ "$i" -eq 0 ]; then
+            cp -r "$root/python/ninfer" "${site[$side]}/" || exit 1
+        else
+            cp -r "${site[A]}/." "${site[$side]}" || exit 1
+        fi
         if [[ $src == *.xz ]]; then
             xz -dc "$src" > "${site[$side]}/ninfer/_core.abi3.so" || exit 1
         else
