@@ -13,7 +13,8 @@
 # build (its _core.abi3.so, optionally xz-compressed as _core.abi3.so.xz, as
 # scripts/ab_cores.sh builds them) beside A's Python files, or this checkout's python/ninfer
 # when A is a core: a build whose Python files match travels in a fifth of a wheel's bytes.
-# NINFER_AB_CONCURRENCY (default 1,4,16) picks the tg128 figures.
+# NINFER_AB_CONCURRENCY (default 1,4,16) picks the tg128 figures; a side whose bench fails or
+# runs past NINFER_AB_TIMEOUT seconds (default 300) is reported and left out of the tables.
 set -uo pipefail
 args=("$@")
 rounds=2
@@ -21,11 +22,12 @@ if [ $# -ge 1 ] && [[ ${args[-1]} =~ ^[0-9]+$ ]]; then
     rounds=${args[-1]}
     unset 'args[-1]'
 fi
-[ ${#args[@]} -ge 3 ] || { sed -n '2,17p' "$0"; exit 2; }
+[ ${#args[@]} -ge 3 ] || { sed -n '2,18p' "$0"; exit 2; }
 out=${args[0]}
 sources=("${args[@]:1}")
 [ ${#sources[@]} -le 26 ] || { echo "at most 26 sides" >&2; exit 2; }
 conc=${NINFER_AB_CONCURRENCY:-1,4,16}
+limit=${NINFER_AB_TIMEOUT:-300}  # seconds a bench or a trace may run: a hung build loses its side, not the run
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 log="$out/ab.log"
@@ -66,11 +68,11 @@ for r in $(seq 1 "$rounds"); do
     for side in "${sides[@]}"; do
         echo "== round $r, $side" | tee -a "$log"
         json="$out/bench-$side$r.json"
-        PYTHONPATH=${site[$side]} python3 -m ninfer.cli bench "$model" --device cuda --reps 2 --prefill 512 \
-            --concurrency "$conc" --json > "$json" 2>> "$log"
+        PYTHONPATH=${site[$side]} timeout "$limit" python3 -m ninfer.cli bench "$model" --device cuda --reps 2 --prefill 512 \
+            --concurrency "$conc" --json > "$json" 2>> "$log" || echo "$side: bench exit $?" >> "$log"
         cat "$json" >> "$log"
         if python3 -c "import torch" 2>/dev/null; then
-            PYTHONPATH=${site[$side]} python3 "$root/scripts/decode_trace.py" "$model" --json "$traces/$side$r.json" 2>&1 \
+            PYTHONPATH=${site[$side]} timeout "$limit" python3 "$root/scripts/decode_trace.py" "$model" --json "$traces/$side$r.json" 2>&1 \
                 | grep -v Warning >> "$log"
         fi
     done
@@ -78,8 +80,25 @@ done
 python3 - "$out" "$rounds" "$traces" "${sides[@]}" <<'EOF' | tee -a "$log"
 import json, os, statistics, sys
 out, rounds, traces, sides = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+
+
+def bench(side, r):
+    try:
+        with open(f"{out}/bench-{side}{r}.json") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+# A side whose bench failed in any round (its error is in the log above) leaves the tables.
+runs = {s: [bench(s, r) for r in range(1, rounds + 1)] for s in sides}
+for s in sides:
+    if None in runs[s]:
+        print(f"side {s}: bench failed (see above)")
+if None in runs["A"]:
+    sys.exit(1)
+sides = [s for s in sides if None not in runs[s]]
 others = sides[1:]
-runs = {s: [json.load(open(f"{out}/bench-{s}{r}.json")) for r in range(1, rounds + 1)] for s in sides}
 names = [f["name"] for f in runs["A"][0]["figures"]]
 print(f"{'figure':<12} " + " ".join(f"{s + ' (each round)':>24}" for s in sides) + " " + " ".join(f"{s + ' / A':>7}" for s in others))
 for n in names:
