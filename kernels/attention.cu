@@ -359,6 +359,10 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_attention_combine(Combi
 //   Launch: block 128, grid (ceil(max_q_len / qt), kv_heads * splits, seqs), dynamic shared
 //   memory (64 + 4 * 32) * (dim + 8) * 2 bytes: Q, then two K and V tile pairs, rows padded
 //   by 16 bytes (cache rows and the caches 16-byte aligned, as the launcher checks).
+//   Dependent launch (common.cuh): a block reads cu_q, kv_len and the block table and copies
+//   its first tile's rows of positions before kv_len - q_len before its wait: the metadata
+//   must come from the host ahead of the pass's first launch, and those rows from passes
+//   finished before it (the engine's passes are), never from a launch of the same pass.
 //
 // ninfer_attention_mma_decode: ninfer_attention_mma for blocks of qt * G <= 16 query rows
 //   (a decode step, a short draft), dim % 64 == 0: every warp takes the 16 rows (the scores
@@ -432,23 +436,35 @@ __device__ __forceinline__ float softmax_step(float (&sc)[4][4], int half, int p
 // (cp.async) a block read ~6 GB/s: 2,860 µs for 512 tiles of 32 KB each in the kernel bench
 // at 32k positions and 2 splits, and ~970 GB/s for a whole decode step over 32k positions.
 //
-// By warp 0 only: lane p copies the K and V rows of position p0 + p into row p of the tiles,
-// both landing on `bar`. A position from kv_end on copies the last one before it instead:
-// its score is masked, so its P is exactly 0, and its rows are finite (zeros need stores of
-// the other proxy into the same buffer).
-__device__ __forceinline__ void load_kv_tile_bulk(const AttnArgs& a, int s, int kvh, int p0, int kv_end, bf16* Ks, bf16* Vs, uint64_t* bar) {
-    const int lane = threadIdx.x & 31, D = a.dim, DP = D + 8;
-    const uint32_t row_bytes = D * 2;
-    if (lane == 0) mbar_expect(bar, 2 * ATT_TILE * row_bytes);
+// By warp 0 only: the tile's bytes expected on `bar` (two rows of dim a position), before any
+// of its rows is copied.
+__device__ __forceinline__ void kv_tile_expect(const AttnArgs& a, uint64_t* bar) {
+    if ((threadIdx.x & 31) == 0) mbar_expect(bar, 2 * ATT_TILE * a.dim * 2);
     __syncwarp();
+}
+
+// By warp 0 only: lane p copies the K and V rows of position p0 + p into row p of the tiles,
+// landing on `bar`, if that position lies in [lo, hi) (a tile's rows may come in two calls:
+// those written before this pass, then the pass's own). A position from kv_end on copies the
+// last one before it instead: its score is masked, so its P is exactly 0, and its rows are
+// finite (zeros need stores of the other proxy into the same buffer).
+__device__ __forceinline__ void kv_rows_bulk(const AttnArgs& a, int s, int kvh, int p0, int kv_end, bf16* Ks, bf16* Vs, uint64_t* bar,
+                                             int lo, int hi) {
+    const int lane = threadIdx.x & 31, D = a.dim, DP = D + 8;
     // Shared-memory reads of this buffer's last tile are done (the caller's barrier); order
     // them before the copy engine's writes.
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     const int pos = min(p0 + lane, kv_end - 1);
+    if (pos < lo || pos >= hi) return;
     const int page = a.block_table[(size_t)s * a.bt_stride + pos / a.page_size];
     const size_t off = (((size_t)page * a.page_size + pos % a.page_size) * a.kv_heads + kvh) * D;
-    bulk_copy(Ks + lane * DP, a.k_cache + off, row_bytes, bar);
-    bulk_copy(Vs + lane * DP, a.v_cache + off, row_bytes, bar);
+    bulk_copy(Ks + lane * DP, a.k_cache + off, D * 2, bar);
+    bulk_copy(Vs + lane * DP, a.v_cache + off, D * 2, bar);
+}
+
+__device__ __forceinline__ void load_kv_tile_bulk(const AttnArgs& a, int s, int kvh, int p0, int kv_end, bf16* Ks, bf16* Vs, uint64_t* bar) {
+    kv_tile_expect(a, bar);
+    kv_rows_bulk(a, s, kvh, p0, kv_end, Ks, Vs, bar, 0, kv_end);
 }
 
 // The tensor-core kernels' body. DEC (ninfer_attention_mma_decode): 16 query rows, which
@@ -459,11 +475,16 @@ __device__ __forceinline__ void attention_mma(const AttnArgs& a) {
     constexpr int QR = DEC ? 16 : MMA_ROWS;
     constexpr int NT = DEC ? MMA_MAX_NT / 4 : MMA_MAX_NT;
     grid_release();
-    grid_wait();
+    // Before the wait: the pass's metadata (copied from the host ahead of its first launch) and
+    // the first tile's cache rows of positions from before this pass; after it, Q and the rows
+    // of the pass's own tokens (written by ninfer_qk_norm_rope ahead).
     const int s = blockIdx.z, kvh = blockIdx.y / a.splits, split = blockIdx.y - kvh * a.splits;
     const int q0 = a.cu_q[s], q_len = a.cu_q[s + 1] - q0;
     const int tile_tok = blockIdx.x * a.qt;
-    if (tile_tok >= q_len) return;
+    if (tile_tok >= q_len) {
+        grid_wait();
+        return;
+    }
     const int kv_len = a.kv_len[s];
     const int G = a.q_heads / a.kv_heads;
     const int R = min(a.qt, q_len - tile_tok) * G;
@@ -475,7 +496,6 @@ __device__ __forceinline__ void attention_mma(const AttnArgs& a) {
     // This warp's first row, and its output dim tiles of 8: n0 .. n0 + ntw - 1.
     const int row0 = DEC ? 0 : warp * 16, ntw = DEC ? nt / 4 : nt, n0 = DEC ? warp * ntw : 0;
 
-    load_q_tile(a, Qs, QR, R, q0 + tile_tok, kvh, G);
     // This lane's rows: row0 + g and 8 below it; each row's last visible position.
     const int first_pos = kv_len - q_len + tile_tok;
     const int r_lo = row0 + g, r_hi = r_lo + 8;
@@ -499,7 +519,14 @@ __device__ __forceinline__ void attention_mma(const AttnArgs& a) {
     }
     __syncthreads();
     uint32_t parity = 0;
-    if (kv_begin < kv_end && warp == 0) load_kv_tile_bulk(a, s, kvh, kv_begin, kv_end, Kb, Kb + MMA_TILE * DP, &kv_bar[0]);
+    const int old_end = kv_len - q_len;  // positions cached before this pass
+    if (kv_begin < kv_end && warp == 0) {
+        kv_tile_expect(a, &kv_bar[0]);
+        kv_rows_bulk(a, s, kvh, kv_begin, kv_end, Kb, Kb + MMA_TILE * DP, &kv_bar[0], 0, old_end);
+    }
+    grid_wait();
+    load_q_tile(a, Qs, QR, R, q0 + tile_tok, kvh, G);
+    if (kv_begin < kv_end && warp == 0) kv_rows_bulk(a, s, kvh, kv_begin, kv_end, Kb, Kb + MMA_TILE * DP, &kv_bar[0], old_end, kv_end);
     for (int p0 = kv_begin, buf = 0; p0 < kv_end; p0 += MMA_TILE, buf ^= 1) {
         __syncthreads();  // the other pair is consumed (and Q is stored)
         if (p0 + MMA_TILE < kv_end && warp == 0) {

@@ -1,5 +1,6 @@
 // MoE experts (model-spec.md 2.5 steps 3-5): per slot for decode, every encoding; grouped by
-// expert for prompt passes, NVFP4 banks on the tensor cores.
+// expert for prompt passes, NVFP4 banks on the tensor cores. (One token's down of an NVFP4
+// bank runs experts_batch.cu's ninfer_moe_down_one_nvfp4, which takes this file's contract.)
 //
 // The per-slot kernels run one matrix-vector product per (token, expert) pair, with gemv.cu's
 // row machinery (gemv.cuh), and so read an expert's rows once per token that chose it:
@@ -288,18 +289,6 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_moe_combine(CombineArgs
     }
 }
 
-// Slot j's expert of the one token's routing (BankArgs::logits), routed by warp 0 for the
-// block: j + 1 rounds, no weights (gate_up waits on this; down routes before its wait).
-__device__ __forceinline__ int block_pick(const BankArgs& a, int j) {
-    __shared__ int pick;
-    if (threadIdx.x < 32) {
-        const RoutePick p = route_pick<false>(a.logits, a.bank.experts, j + 1, threadIdx.x);
-        if ((int)threadIdx.x == j) pick = p.id;
-    }
-    __syncthreads();
-    return pick;
-}
-
 // Four warps a gate_up block, nine blocks per SM (at most 56 registers): a decode token's nine
 // slots of 512 rows are then 1,152 blocks, all resident at once on 132 SMs. With eight warps
 // a block, three per SM, its 576 blocks ran in two waves, the second routing and waiting on
@@ -364,31 +353,6 @@ __device__ __forceinline__ void gate_up_body(const BankArgs& a) {
 }
 
 #define DOWN_BATCH 6
-#define DOWN_MAX_SLOTS 33  // top-32 and the shared slot
-
-// Token t's routing into shared memory: slot j < topk's expert id[j] and weight w[j], the
-// shared slot's weight w[topk]; read from ids and route_w, or routed from the logits by warp 0
-// (BankArgs::logits). Through L2 (`__ldcg`): down reads them before grid_wait() (header).
-__device__ __forceinline__ void token_routing(const BankArgs& a, int t, int* id, float* w) {
-    const int j = threadIdx.x;
-    if (a.logits != nullptr) {
-        if (j < 32) {
-            const RoutePick p = route_pick<true>(a.logits, a.bank.experts, a.topk, j);
-            if (j < a.topk) {
-                id[j] = p.id;
-                w[j] = p.w;
-            }
-            if (a.has_shared && j == 0) w[a.topk] = shared_gate(a.logits, a.bank.experts);
-        }
-    } else if (j < a.topk) {
-        id[j] = __ldcg(a.ids + t * a.topk + j);
-        w[j] = __ldcg(a.route_w + t * a.topk + j);
-    } else if (j == a.topk && a.has_shared) {
-        w[j] = __ldcg(a.route_w + a.tokens * a.topk + t);
-    }
-    __syncthreads();
-}
-
 // One batch of a down row's (slot, chunk) pairs, lane `lane`'s pairs base, base + 32, ...:
 // where they live and, loaded, their weights.
 template <typename Enc>

@@ -1,5 +1,6 @@
 // MoE experts of decode batches on the tensor cores (model-spec.md 2.5 steps 3-5): each expert
-// the batch chose runs once, for every slot that chose it.
+// the batch chose runs once, for every slot that chose it; and one token's down, every slot of
+// a 16-row tile in one block.
 //
 // ninfer_moe_gate_up_mma_nvfp4  (BankArgs, routed by the table: ids, logits null)
 //   The contract of experts.cu's ninfer_moe_gate_up_nvfp4 for 1..16 tokens:
@@ -39,11 +40,29 @@
 //   (tokens*topk + has_shared, at most H / 64): the launcher gives a warp 1, 2 or 4 tiles up
 //   to 4, 8 or 16 tokens, about 8 blocks per SM of 132 in all.
 //
+// ninfer_moe_down_one_nvfp4  (BankArgs, tokens == 1, routed by the table or from the logits)
+//   experts.cu's ninfer_moe_down_nvfp4 for one token on the tensor cores: y[n] (+)= r[n], r[n]
+//   = sum over the slots j (the routed ones, then the shared one) of w[j] * (in[j] . W[e_j][n]),
+//   the routing as that kernel takes it (ids and route_w, or the logits, read before the wait).
+//   Block b takes the rows [16 b, 16 b + 16) of H; its twelve warps take the (slot, 128-column
+//   block) pairs w, w + 12, ... of the slots' K = I in slot-major order, three loaded at once
+//   (a token's 36 pairs at top-8 + shared and I = 512 all before the wait), the token's x row
+//   B's column 0 (the other columns zero). Each pair's MMA sums are scaled by 2^8, its slot's
+//   weight and its rows' globals before they join the warp's f32 sums; the warps' sums are
+//   added in warp order (deterministic; not the per-slot kernel's order), then stored as
+//   store_out does (accumulate: bf16(y + bf16(r))). Slots whose id is outside [0, E) add
+//   nothing. I % 128 == 0, H % 16 == 0. Launch: block 384, grid H / 16.
+//   With half the blocks of the per-slot down (H / 16 against H / 8), it leaves room on the SMs
+//   for the next layer's first launch, whose bulk copies then start earlier (decode trace,
+//   performance-log.md).
+//
 // Dependent launch (common.cuh): every block waits before it reads the ids (written by the
 // routing launch ahead) and lets its dependents start only after that wait, as the per-slot
 // gate_up does: the per-slot down after it reads the routing before its own wait (experts.cu).
-// The down kernel reads route_w and x, both from launches ahead, after its wait too.
+// The batch down kernel reads route_w and x, both from launches ahead, after its wait too;
+// the one-token down reads the routing before its wait, as the per-slot one.
 #include "gemv.cuh"
+#include "route.cuh"
 
 #define MMA_EXPERT_WARPS 4
 #define MMA_EXPERT_AHEAD 2  // column blocks of loads in flight per lane
@@ -273,3 +292,71 @@ extern "C" __global__ void __launch_bounds__(MMA_EXPERT_WARPS * 32, 5) ninfer_mo
 extern "C" __global__ void __launch_bounds__(MMA_EXPERT_WARPS * 32, 8) ninfer_moe_down_mma_nvfp4(BankArgs a) {
     down_mma_body(a);
 }
+
+#define ONE_DOWN_WARPS 12  // a token's 9 x 4 (slot, column block) pairs at I = 512: 3 a warp
+#define ONE_PAIRS 3        // pairs a down warp loads at once
+
+// Rows [16 blockIdx.x, + 16) of one token's down over every slot (header).
+__device__ __forceinline__ void down_one_body(const BankArgs& a) {
+    __shared__ int id[DOWN_MAX_SLOTS];
+    __shared__ float w[DOWN_MAX_SLOTS];
+    __shared__ float part[ONE_DOWN_WARPS][16];
+    grid_release();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = 16 * blockIdx.x;
+    token_routing(a, 0, id, w);
+    const int kb = a.bank.cols / 128, total = (a.topk + (a.has_shared ? 1 : 0)) * kb;
+    // Pair idx's slot, its expert (0 for the shared slot) and whether it runs.
+    auto pair = [&](int idx, int& slot, int& e) {
+        slot = idx / kb;
+        e = slot >= a.topk ? 0 : id[slot];
+        return idx < total && e >= 0 && e < (slot >= a.topk ? a.shared : a.bank).experts;
+    };
+    TilePart p[ONE_PAIRS];
+    auto load = [&](int base) {
+#pragma unroll
+        for (int k = 0; k < ONE_PAIRS; ++k) {
+            const int idx = base + ONE_DOWN_WARPS * k;
+            int slot, e;
+            if (pair(idx, slot, e)) p[k] = tile_load(slot >= a.topk ? a.shared : a.bank, e, row0, idx - slot * kb, g, t);
+        }
+    };
+    float acc_lo = 0.f, acc_hi = 0.f;  // rows g and g + 8 at B column 2t (column 0: the token)
+    load(warp);
+    grid_wait();
+    for (int base = warp;;) {
+#pragma unroll
+        for (int k = 0; k < ONE_PAIRS; ++k) {
+            const int idx = base + ONE_DOWN_WARPS * k;
+            int slot, e;
+            if (!pair(idx, slot, e)) continue;
+            const Mat& m = slot >= a.topk ? a.shared : a.bank;
+            const int blk = idx - slot * kb;
+            const bf16* xr = g == 0 ? a.x + (size_t)slot * a.ldx + blk * 128 + 32 * t : nullptr;
+            float d[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+            const TilePart tp[1] = {p[k]};
+            block_mma<1>(d, tp, xr);
+            const float ws = w[slot] * 256.f;
+            acc_lo += d[0][0] * (ws * row_multiplier<EncNvfp4>(m, e, row0 + g));
+            acc_hi += d[0][2] * (ws * row_multiplier<EncNvfp4>(m, e, row0 + g + 8));
+        }
+        base += ONE_DOWN_WARPS * ONE_PAIRS;
+        if (base >= total) break;
+        load(base);
+    }
+    if (t == 0) {
+        part[warp][g] = acc_lo;
+        part[warp][g + 8] = acc_hi;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float r = 0.f;
+#pragma unroll
+        for (int v = 0; v < ONE_DOWN_WARPS; ++v) r += part[v][threadIdx.x];
+        store_out(a.y, row0 + threadIdx.x, r, a.out_f32, a.accumulate);
+    }
+}
+
+// Two blocks per SM (at most 85 registers; 80 used, no spill).
+extern "C" __global__ void __launch_bounds__(ONE_DOWN_WARPS * 32, 2) ninfer_moe_down_one_nvfp4(BankArgs a) { down_one_body(a); }

@@ -32,16 +32,16 @@
 //   convolves) its row i. Launch: block 256, dynamic shared memory stages * 16 * (K + 32 + K /
 //   16 + 16) bytes, grid at most ceil(N / 16) (the blocks resident at once).
 //
-// ninfer_gemv_q8_g32_norm_bulk_b8 / _b16, _norm_conv_bulk_b8 / _b16  (GemvNormArgs /
-//   NormConvArgs; 2-8 / 9-16 rows, K % 256 == 0, K <= 4096)
-//   ninfer_gemv_q8_g32_norm_mma_b<NB> / _norm_conv_mma_b<NB> (below) on gemv_bulk.cuh's
+// ninfer_gemv_q8_g32_norm_bulk_b8, _norm_conv_bulk_b8  (GemvNormArgs / NormConvArgs; 2-8 rows,
+//   K % 256 == 0, K <= 4096)
+//   ninfer_gemv_q8_g32_norm_mma_b8 / _norm_conv_mma_b8 (below) on gemv_bulk.cuh's
 //   bulk_rows_product: the normed rows (their bits) at the start of the dynamic shared memory,
 //   turned into f16 in place (exact while |a| < 65,504), then the weight stages of the one-row
 //   bulk kernels, B's column b the row b; the sums in their order (not the bits of the mma
 //   kernels). Launch: block 256, dynamic shared memory norm_smem(batch, K) rounded up to 128
 //   plus the stages, grid at most ceil(N / 16) (the blocks resident at once).
 //
-// ninfer_gemv_q8_g32_gnorm_bulk_b8 / _b16  (GatedArgs; 2-8 / 9-16 rows, K % 256 == 0, K <= 4096)
+// ninfer_gemv_q8_g32_gnorm_bulk_b8  (GatedArgs; 2-8 rows, K % 256 == 0, K <= 4096)
 //   ninfer_gemv_q8_g32_gnorm_bulk_b1 for g.batch rows x[b] (row stride g.ldx) with gates z[b]
 //   (row stride ldz), y [batch, g.ldy], on bulk_rows_product: the gated rows (row stride
 //   NORM_LD(K), batch * NORM_LD(K) * 2 bytes rounded up to 128) at the start of the dynamic
@@ -309,12 +309,12 @@ __device__ __forceinline__ void gnorm_bulk_body(const GatedArgs& a) {
     bulk_product(a.g, [&](bf16* xs) { fill_gated(xs, a, 1, a.g.m.cols); cooperative_groups::this_cluster().barrier_wait(); }, [](int, float) {});
 }
 
-// The same for a batch on bulk_rows_product: its rows at the start of the dynamic shared memory.
-template <int NT>
+// The same for a batch of 2-8 rows on bulk_rows_product: its rows at the start of the dynamic
+// shared memory.
 __device__ __forceinline__ void gnorm_bulk_rows_body(const GatedArgs& a) {
     extern __shared__ __align__(16) bf16 xs_dyn[];
     const int ld = NORM_LD(a.g.m.cols);
-    bulk_rows_product<NT>(
+    bulk_rows_product<1>(
         a.g, xs_dyn, ld, bulk_align(a.g.batch * ld * 2),
         [&] {
             fill_gated(xs_dyn, a, a.g.batch, ld);
@@ -471,13 +471,10 @@ extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds
     gnorm_bulk_body(a);
 }
 extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_b8(GatedArgs a) {
-    gnorm_bulk_rows_body<1>(a);
+    gnorm_bulk_rows_body(a);
 }
-extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_b16(GatedArgs a) {
-    gnorm_bulk_rows_body<2>(a);
-}
-// 2-8 and 9-16 rows by bulk copies (one block per SM at most, by their shared memory).
+// 2-8 rows by bulk copies (one block per SM at most, by their shared memory). Of 9-16 rows the
+// same kernels (and the gated norm's) made a decode step of 16 sequences slower than the
+// tensor-core kernels above (performance-log.md, 2026-12-05): they are not built.
 extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_bulk_b8(GemvNormArgs a) { norm_mma_body<MmaQ8, 1, true>(a); }
-extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_bulk_b16(GemvNormArgs a) { norm_mma_body<MmaQ8, 2, true>(a); }
 extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_conv_bulk_b8(NormConvArgs a) { norm_conv_mma_body<MmaQ8, 1, true>(a); }
-extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_conv_bulk_b16(NormConvArgs a) { norm_conv_mma_body<MmaQ8, 2, true>(a); }

@@ -2,9 +2,10 @@
 // kernel (moe.cu) and the expert kernels that route for themselves (experts.cu); the contract is
 // ninfer_moe_route's.
 #pragma once
-#include "common.cuh"
+#include "quant.cuh"
 
 #define ROUTE_PER_LANE 16
+#define DOWN_MAX_SLOTS 33  // top-32 and the shared slot
 
 // The routing order as one 25-bit key: a bf16 logit mapped to an unsigned order (NaN as -inf,
 // -0 as +0), then 511 - expert, so that the larger key is the larger logit and, among equal
@@ -86,4 +87,39 @@ __device__ __forceinline__ void route_row(const bf16* row, int t, int tokens, in
         w[(size_t)t * topk + lane] = p.w;
     }
     if (has_shared && lane == 0) w[(size_t)tokens * topk + t] = shared_gate(row, experts);
+}
+
+// Slot j's expert of the one token's routing (BankArgs::logits), routed by warp 0 for the
+// block: j + 1 rounds, no weights (gate_up waits on this; down routes before its wait).
+__device__ __forceinline__ int block_pick(const BankArgs& a, int j) {
+    __shared__ int pick;
+    if (threadIdx.x < 32) {
+        const RoutePick p = route_pick<false>(a.logits, a.bank.experts, j + 1, threadIdx.x);
+        if ((int)threadIdx.x == j) pick = p.id;
+    }
+    __syncthreads();
+    return pick;
+}
+
+// Token t's routing into shared memory: slot j < topk's expert id[j] and weight w[j], the
+// shared slot's weight w[topk]; read from ids and route_w, or routed from the logits by warp 0
+// (BankArgs::logits). Through L2 (`__ldcg`): the down kernels read them before grid_wait() (experts.cu).
+__device__ __forceinline__ void token_routing(const BankArgs& a, int t, int* id, float* w) {
+    const int j = threadIdx.x;
+    if (a.logits != nullptr) {
+        if (j < 32) {
+            const RoutePick p = route_pick<true>(a.logits, a.bank.experts, a.topk, j);
+            if (j < a.topk) {
+                id[j] = p.id;
+                w[j] = p.w;
+            }
+            if (a.has_shared && j == 0) w[a.topk] = shared_gate(a.logits, a.bank.experts);
+        }
+    } else if (j < a.topk) {
+        id[j] = __ldcg(a.ids + t * a.topk + j);
+        w[j] = __ldcg(a.route_w + t * a.topk + j);
+    } else if (j == a.topk && a.has_shared) {
+        w[j] = __ldcg(a.route_w + a.tokens * a.topk + t);
+    }
+    __syncthreads();
 }

@@ -300,6 +300,16 @@ impl KernelSet {
     }
 }
 
+/// Warps of a one-token down block (ONE_DOWN_WARPS in experts_batch.cu).
+const ONE_DOWN_WARPS: usize = 12;
+
+/// Whether [`KernelSet::moe_down`] takes the one-token tensor-core kernel (experts_batch.cu):
+/// one token of an NVFP4 bank whose I is whole 128-column blocks and H whole 16-row tiles
+/// (a decode step 41 µs shorter on an H100 against the per-slot kernel, docs/performance-log.md).
+fn one_token_down(bank: &MatrixView, tokens: usize) -> bool {
+    tokens == 1 && bank.encoding() == Encoding::Nvfp4 && bank.cols.is_multiple_of(128) && bank.rows.is_multiple_of(16)
+}
+
 /// The grouped kernels' grid: one block per expert (and the shared one) and 16-row tile.
 fn expert_grid(bank: &MatrixView, shared: Option<&MatrixView>, tile_rows: usize) -> (u32, u32) {
     ((bank.experts + shared.is_some() as usize) as u32, (tile_rows / 16) as u32)
@@ -382,7 +392,8 @@ impl KernelSet {
     /// `y[t] (+)= sum_j w[t*topk+j] * down[e_j] . inp[t*topk+j]` over the experts `e_j` and
     /// weights `w` that `routing` gives, plus the shared slot `tokens*topk + t` when `shared` is
     /// given. `inp` is the dense `[slots, I]` output of [`KernelSet::moe_gate_up`], the bank
-    /// `[E, H, I]`, y `[tokens, ldy]`.
+    /// `[E, H, I]`, y `[tokens, ldy]`. One token of an NVFP4 bank of whole 128-column blocks
+    /// runs on the tensor cores, which sum the slots in another (fixed) order.
     pub fn moe_down<O: GemvOut>(
         &self,
         stream: &CudaStream,
@@ -395,7 +406,8 @@ impl KernelSet {
         ldy: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let c = Check::new(bank_kernels(bank.encoding()).1);
+        let one = one_token_down(bank, tokens);
+        let c = Check::new(if one { Kernel::MoeDownOneNvfp4 } else { bank_kernels(bank.encoding()).1 });
         let slots = self.check_shared(&c, bank, shared, tokens, topk)?;
         c.ensure(topk < DOWN_MAX_SLOTS, || format!("top-{topk}: down keeps at most {} slots a token", DOWN_MAX_SLOTS - 1))?;
         c.ensure(bank.cols.is_multiple_of(8), || {
@@ -421,14 +433,13 @@ impl KernelSet {
             logits: route[2],
             ..BankArgs::new(&c, (bm, sm), [xp, route[0], route[1], yp], (tokens, topk, shared.is_some()), bank.cols, ldy)?
         };
-        let cfg = LaunchConfig {
-            grid_dim: (
-                c.i32("tokens", tokens)? as u32,
-                blocks(bank.rows, ROWS_PER_BLOCK),
-                1,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+        let cfg = match one {
+            true => LaunchConfig { grid_dim: ((bank.rows / 16) as u32, 1, 1), block_dim: (32 * ONE_DOWN_WARPS as u32, 1, 1), shared_mem_bytes: 0 },
+            false => LaunchConfig {
+                grid_dim: (c.i32("tokens", tokens)? as u32, blocks(bank.rows, ROWS_PER_BLOCK), 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            },
         };
         self.launch_struct(stream, c.kernel, cfg, &args)
     }

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, De
 use half::bf16;
 
 use crate::gdn::GDN_CONV_WIDTH;
-use crate::gemv::{bulk_cols, bulk_rows_kernel, is_bulk, rows_ld, span, Encoding, GemvArgs, GemvOut, MatrixView, GEMV_MAX_BATCH, ROWS_PER_BLOCK};
+use crate::gemv::{bulk_cols, is_bulk, rows_ld, span, Encoding, GemvArgs, GemvOut, MatrixView, GEMV_MAX_BATCH, ROWS_PER_BLOCK};
 use crate::launch::{blocks, device_args, dptr, dptr_mut, Check, Result};
 use crate::loader::KernelSet;
 use crate::table::Kernel;
@@ -125,11 +125,11 @@ impl KernelSet {
         self.launch_normed(&c, stream, w, (x, norm_w, eps), rows, (yp, false), a_out, |n| NormConvArgs { n, conv_w: cwp, state: stp, conv_y: cyp, slot: slp, lo, channels })
     }
 
-    /// `y (+)= a·Wᵀ` for `batch` rows (1..=16; `y` `[batch, rows]`), `a` the gated RMSNorm of
+    /// `y (+)= a·Wᵀ` for `batch` rows (1..=8; `y` `[batch, rows]`), `a` the gated RMSNorm of
     /// [`KernelSet::gated_rms_norm`] of each row of `x` (`[batch, cols]`, `w.cols / dim` heads
     /// of `dim`) with its gates (row b at `z[b * ldz..]`, `w.cols` of them) and weight `norm_w`
     /// (`[dim]`); with `accumulate`, `y = bf16(y + bf16(a·Wᵀ))` as [`KernelSet::gemv_add`]. One
-    /// row: bf16 and q8_g32 matrices, bit for bit the two launches; 2-16 rows: q8_g32 matrices
+    /// row: bf16 and q8_g32 matrices, bit for bit the two launches; 2-8 rows: q8_g32 matrices
     /// that [`gnorm_takes_batch`] names, bit for bit the norm then [`KernelSet::gemv_add`].
     pub fn gemv_gnorm(
         &self,
@@ -144,7 +144,7 @@ impl KernelSet {
         let c = match (bulk_cols(w, batch), batch) {
             (true, 1) => Check::new(Kernel::GemvQ8GnormBulkB1),
             (false, 1) => fused_check(w, (Kernel::GemvBf16GnormB1, Kernel::GemvQ8GnormB1), "gated-norm")?,
-            (true, 2..=GEMV_MAX_BATCH) => Check::new(bulk_rows_kernel(batch, [Kernel::GemvQ8GnormBulkB8, Kernel::GemvQ8GnormBulkB16])),
+            (true, 2..=BULK_FUSED_MAX_BATCH) => Check::new(Kernel::GemvQ8GnormBulkB8),
             _ => return Err(Check::new(Kernel::GemvQ8GnormBulkB8).fail(format!("no gated-norm product of {batch} rows for {:?} of {} columns", w.encoding(), w.cols))),
         };
         c.ensure(dim > 0 && dim.is_multiple_of(8) && w.cols.is_multiple_of(dim), || format!("{} columns are not heads of {dim} (a multiple of 8)", w.cols))?;
@@ -178,10 +178,16 @@ impl KernelSet {
     }
 }
 
-/// Whether [`KernelSet::gemv_gnorm`] takes `batch` rows (2..=16) of `w`: q8_g32 of K % 256 == 0
-/// and K <= 4096, on the bulk-copy kernels.
+/// The most rows a fused bulk-copy product takes (normed, normed with the conv, gated-normed):
+/// of 9-16 rows they made a decode step of 16 sequences slower than the tensor-core normed
+/// products and the gated norm as its own launch (tg128 x16 2,028.4 against 1,791.8 tok/s
+/// without them, H100, docs/performance-log.md 2026-12-05), so those take 9-16 rows.
+const BULK_FUSED_MAX_BATCH: usize = 8;
+
+/// Whether [`KernelSet::gemv_gnorm`] takes `batch` rows (2..=8) of `w`: q8_g32 of K % 256 == 0
+/// and K <= 4096, on the bulk-copy kernel.
 pub fn gnorm_takes_batch(w: &MatrixView, batch: usize) -> bool {
-    (2..=GEMV_MAX_BATCH).contains(&batch) && bulk_cols(w, batch)
+    (2..=BULK_FUSED_MAX_BATCH).contains(&batch) && bulk_cols(w, batch)
 }
 
 /// The check of a fused product over `w`: its bf16 or its q8_g32 kernel, the only encodings
@@ -195,7 +201,7 @@ fn fused_check(w: &MatrixView, (bf16, q8): (Kernel, Kernel), what: &str) -> Resu
 }
 
 /// The check of a normed product (with the conv epilogue or without) of `batch` rows: the
-/// one-row kernel, or the tensor-core one of 2-8 or 9-16 rows.
+/// one-row kernel, the bulk-copy one of 2-8 rows, or the tensor-core one of 2-8 or 9-16 rows.
 fn normed_check(w: &MatrixView, batch: usize, conv: bool) -> Result<Check> {
     use Kernel::*;
     let kernels = match conv {
@@ -210,8 +216,8 @@ fn normed_check(w: &MatrixView, batch: usize, conv: bool) -> Result<Check> {
     let c = match (bulk_cols(w, batch), batch, conv) {
         (true, 1, false) => Check::new(GemvQ8NormBulkB1),
         (true, 1, true) => Check::new(GemvQ8NormConvBulkB1),
-        (true, 2..=GEMV_MAX_BATCH, false) => Check::new(bulk_rows_kernel(batch, [GemvQ8NormBulkB8, GemvQ8NormBulkB16])),
-        (true, 2..=GEMV_MAX_BATCH, true) => Check::new(bulk_rows_kernel(batch, [GemvQ8NormConvBulkB8, GemvQ8NormConvBulkB16])),
+        (true, 2..=BULK_FUSED_MAX_BATCH, false) => Check::new(GemvQ8NormBulkB8),
+        (true, 2..=BULK_FUSED_MAX_BATCH, true) => Check::new(GemvQ8NormConvBulkB8),
         _ => fused_check(w, kernels[bucket], "normed")?,
     };
     c.ensure((1..=GEMV_MAX_BATCH).contains(&batch), || format!("batch {batch} outside 1..={GEMV_MAX_BATCH}"))?;

@@ -245,18 +245,8 @@ pub(crate) fn is_bulk(k: Kernel) -> bool {
     use Kernel::*;
     matches!(
         k,
-        GemvQ8BulkB1 | GemvQ8NormBulkB1 | GemvQ8NormConvBulkB1 | GemvQ8GnormBulkB1 | GemvQ8GnormBulkB8 | GemvQ8GnormBulkB16 | GemvQ8BulkB8 | GemvQ8BulkB16 | GemvQ8NormBulkB8 | GemvQ8NormBulkB16 | GemvQ8NormConvBulkB8 | GemvQ8NormConvBulkB16
+        GemvQ8BulkB1 | GemvQ8NormBulkB1 | GemvQ8NormConvBulkB1 | GemvQ8GnormBulkB1 | GemvQ8GnormBulkB8 | GemvQ8BulkB8 | GemvQ8BulkB16 | GemvQ8NormBulkB8 | GemvQ8NormConvBulkB8
     )
-}
-
-/// The bulk-copy product of `batch` rows (2..=16) of one of the three forms (plain, normed,
-/// normed with the conv): the kernel of 2-8 rows or of 9-16.
-pub(crate) fn bulk_rows_kernel(batch: usize, [b8, b16]: [Kernel; 2]) -> Kernel {
-    if batch <= 8 {
-        b8
-    } else {
-        b16
-    }
 }
 
 /// Row stride (elements) of a batch's x rows in a bulk-copy or normed product's shared memory
@@ -379,7 +369,8 @@ impl KernelSet {
         let enc = w.encoding();
         let kernel = match (batch, bulk_cols(w, batch)) {
             (1, true) => Kernel::GemvQ8BulkB1,
-            (2..=GEMV_MAX_BATCH, true) => bulk_rows_kernel(batch, [Kernel::GemvQ8BulkB8, Kernel::GemvQ8BulkB16]),
+            (2..=8, true) => Kernel::GemvQ8BulkB8,
+            (9..=GEMV_MAX_BATCH, true) => Kernel::GemvQ8BulkB16,
             _ => gemv_kernel(enc, batch.clamp(1, GEMV_MAX_BATCH)),
         };
         let c = Check::new(kernel);

@@ -47,11 +47,8 @@ kernel_table! {
     GemvQ8NormConvBulkB1 => "fused", "ninfer_gemv_q8_g32_norm_conv_bulk_b1";
     GemvQ8GnormBulkB1 => "fused", "ninfer_gemv_q8_g32_gnorm_bulk_b1";
     GemvQ8GnormBulkB8 => "fused", "ninfer_gemv_q8_g32_gnorm_bulk_b8";
-    GemvQ8GnormBulkB16 => "fused", "ninfer_gemv_q8_g32_gnorm_bulk_b16";
     GemvQ8NormBulkB8 => "fused", "ninfer_gemv_q8_g32_norm_bulk_b8";
-    GemvQ8NormBulkB16 => "fused", "ninfer_gemv_q8_g32_norm_bulk_b16";
     GemvQ8NormConvBulkB8 => "fused", "ninfer_gemv_q8_g32_norm_conv_bulk_b8";
-    GemvQ8NormConvBulkB16 => "fused", "ninfer_gemv_q8_g32_norm_conv_bulk_b16";
     GemvBf16GnormB1 => "fused", "ninfer_gemv_bf16_gnorm_b1";
     GemvQ8GnormB1 => "fused", "ninfer_gemv_q8_g32_gnorm_b1";
     GemvBf16NormMmaB8 => "fused", "ninfer_gemv_bf16_norm_mma_b8";
@@ -100,6 +97,7 @@ kernel_table! {
     MoeCombine => "experts", "ninfer_moe_combine";
     MoeGateUpMmaNvfp4 => "experts_batch", "ninfer_moe_gate_up_mma_nvfp4";
     MoeDownMmaNvfp4 => "experts_batch", "ninfer_moe_down_mma_nvfp4";
+    MoeDownOneNvfp4 => "experts_batch", "ninfer_moe_down_one_nvfp4";
     EmbedBf16 => "embed", "ninfer_embed_bf16";
     EmbedQ8 => "embed", "ninfer_embed_q8_g32";
     QkNormRope => "rope", "ninfer_qk_norm_rope";

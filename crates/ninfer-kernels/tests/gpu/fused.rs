@@ -67,7 +67,8 @@ fn gemv_norm_conv_equals_norm_gemv_then_conv() {
     // One q8_g32 row of the model's shape takes its weights by bulk copies: more stages per
     // block than it keeps in flight, the conv rows starting and ending inside stages.
     norm_conv_case(Enc::Q8, (3003, 6000, 4005), 2048, 1, 990);
-    // A decode batch of that shape on the bulk-copy kernels of 2-8 and 9-16 rows.
+    // A decode batch of that shape on the bulk-copy kernel of 2-8 rows and the tensor-core one
+    // of 9-16.
     norm_conv_case(Enc::Q8, (3003, 6000, 4005), 2048, 4, 991);
     norm_conv_case(Enc::Q8, (3003, 6000, 4005), 2048, 13, 992);
 }
@@ -141,9 +142,9 @@ fn gemv_gnorm_equals_gated_norm_then_gemv() {
         gnorm_case(enc, 20011, (2, 128), 1, 935 + i as u64);
     }
     // A decode batch's GDN output projection (32 heads of 128, K = 4096) on the bulk-copy
-    // kernels of 2-8 and 9-16 rows; 3 heads of 256 over a cluster's 8 blocks, and more rows
-    // than stages in flight.
-    for (j, batch) in [2usize, 5, 8, 9, 16].into_iter().enumerate() {
+    // kernel of 2-8 rows; 3 heads of 256 over a cluster's 8 blocks, and more rows than stages
+    // in flight.
+    for (j, batch) in [2usize, 5, 8].into_iter().enumerate() {
         gnorm_case(Enc::Q8, 2048, (32, 128), batch, 940 + j as u64);
         gnorm_case(Enc::Q8, 37, (3, 256), batch, 950 + j as u64);
     }
@@ -165,6 +166,9 @@ fn fused_launchers_refuse_bad_shapes() {
     let mut y9 = nan_bf16(&s, 9 * 16);
     assert!(g.ks.gemv_norm(&s, &m2.view(), &x9, (9, 16), (&nw2, 1e-6), &mut y9, None).is_err(), "9 rows of 4,096: past a normed batch's shared memory");
     assert!(g.ks.gemv_norm(&s, &m2.view(), &x9, (17, 16), (&nw2, 1e-6), &mut y9, None).is_err(), "17 rows");
+    let nw128 = nan_bf16(&s, 128);
+    let err = g.ks.gemv_gnorm(&s, &m2.view(), &x9, (&x9, 9, 4096), (&nw128, 128, 1e-6), &mut y9, false).unwrap_err();
+    assert!(err.to_string().contains("9 rows"), "9 rows: the gated norm takes 2-8 (9-16 run as two launches): {err}");
     let m48 = HostMat::random(Enc::Bf16, 1, 16, 48, 1, &mut rng).upload(&s);
     let (x48, nw48) = (nan_bf16(&s, 2 * 48), nan_bf16(&s, 48));
     assert!(g.ks.gemv_norm(&s, &m48.view(), &x48, (2, 16), (&nw48, 1e-6), &mut y9, None).is_err(), "a batch of 48 columns: not whole 32-column groups");

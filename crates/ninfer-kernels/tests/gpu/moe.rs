@@ -389,3 +389,41 @@ fn experts_routed_from_logits_equal_the_route_table() {
         assert_eq!(y, y_ref, "{name}: down into the residual");
     }
 }
+
+/// One token's down on the one-token tensor-core kernel (NVFP4, I whole 128-column blocks):
+/// ids -1 and E in the routing give gate_up zero rows and add nothing in down.
+#[test]
+fn one_token_experts_skip_invalid_ids() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(460);
+    let (experts, inter, hidden) = (6, 128, 256);
+    let gu = HostMat::random(Enc::Nvfp4, experts, 2 * inter, hidden, 2, &mut rng);
+    let dn = HostMat::random(Enc::Nvfp4, experts, hidden, inter, 1, &mut rng);
+    let x = rng.bf16s(hidden, 1.0);
+    let ids = [3i32, -1, 0, 6];
+    let w: Vec<f32> = (0..ids.len()).map(|_| bf(0.05 + rng.uniform() as f32)).collect();
+    let (dgu, ddn, dx, dids, dw) = (gu.upload(&s), dn.upload(&s), up(&s, &x), up(&s, &ids), up(&s, &w));
+    let table = Routing::Table { ids: dids.slice(..), w: dw.slice(..) };
+    let mut m = nan_bf16(&s, ids.len() * inter);
+    g.ks.moe_gate_up(&s, &dgu.view(), None, &dx, hidden, (1, ids.len()), &table, &mut m).unwrap();
+    let got = to_f32(&down(&s, &m));
+    let mut want = vec![0f32; hidden];
+    for (slot, &e) in ids.iter().enumerate() {
+        let row = &got[slot * inter..(slot + 1) * inter];
+        if !(0..experts as i32).contains(&e) {
+            assert!(row.iter().all(|&v| v == 0.0), "slot {slot} (id {e}) must be a zero row");
+            continue;
+        }
+        let y = matvec(&gu.dequant_expert(e as usize), 2 * inter, hidden, &to_f32(&x));
+        let want_m: Vec<f32> = (0..inter).map(|j| bf(bf(silu(bf(y[j]) as f64) as f32) * bf(y[inter + j]))).collect();
+        assert_close(&format!("one-token gate_up slot {slot} (expert {e})"), row, &want_m, 1e-2);
+        let yd = matvec(&dn.dequant_expert(e as usize), hidden, inter, row);
+        for n in 0..hidden {
+            want[n] += w[slot] * yd[n];
+        }
+    }
+    let mut y = nan_f32(&s, hidden);
+    g.ks.moe_down(&s, &ddn.view(), None, &m, (1, ids.len()), &table, &mut y, hidden, false).unwrap();
+    assert_close("one-token down, invalid ids skipped", &down(&s, &y), &want, 1e-4);
+}
