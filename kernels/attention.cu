@@ -436,8 +436,7 @@ __device__ __forceinline__ float softmax_step(float (&sc)[4][4], int half, int p
 // (cp.async) a block read ~6 GB/s: 2,860 µs for 512 tiles of 32 KB each in the kernel bench
 // at 32k positions and 2 splits, and ~970 GB/s for a whole decode step over 32k positions.
 //
-// By warp 0 only: the tile's bytes expected on `bar` (two rows of dim a position), before any
-// of its rows is copied.
+// By warp 0 only, before any of a tile's rows is copied: its bytes expected on `bar`.
 __device__ __forceinline__ void kv_tile_expect(const AttnArgs& a, uint64_t* bar) {
     if ((threadIdx.x & 31) == 0) mbar_expect(bar, 2 * ATT_TILE * a.dim * 2);
     __syncwarp();
@@ -460,11 +459,6 @@ __device__ __forceinline__ void kv_rows_bulk(const AttnArgs& a, int s, int kvh, 
     const size_t off = (((size_t)page * a.page_size + pos % a.page_size) * a.kv_heads + kvh) * D;
     bulk_copy(Ks + lane * DP, a.k_cache + off, D * 2, bar);
     bulk_copy(Vs + lane * DP, a.v_cache + off, D * 2, bar);
-}
-
-__device__ __forceinline__ void load_kv_tile_bulk(const AttnArgs& a, int s, int kvh, int p0, int kv_end, bf16* Ks, bf16* Vs, uint64_t* bar) {
-    kv_tile_expect(a, bar);
-    kv_rows_bulk(a, s, kvh, p0, kv_end, Ks, Vs, bar, 0, kv_end);
 }
 
 // The tensor-core kernels' body. DEC (ninfer_attention_mma_decode): 16 query rows, which
@@ -531,7 +525,8 @@ __device__ __forceinline__ void attention_mma(const AttnArgs& a) {
         __syncthreads();  // the other pair is consumed (and Q is stored)
         if (p0 + MMA_TILE < kv_end && warp == 0) {
             bf16* nk = Kb + (buf ^ 1) * 2 * MMA_TILE * DP;
-            load_kv_tile_bulk(a, s, kvh, p0 + MMA_TILE, kv_end, nk, nk + MMA_TILE * DP, &kv_bar[buf ^ 1]);
+            kv_tile_expect(a, &kv_bar[buf ^ 1]);
+            kv_rows_bulk(a, s, kvh, p0 + MMA_TILE, kv_end, nk, nk + MMA_TILE * DP, &kv_bar[buf ^ 1], 0, kv_end);
         }
         mbar_wait(&kv_bar[buf], (parity >> buf) & 1u);  // every thread: this tile has landed
         parity ^= 1u << buf;
