@@ -289,6 +289,18 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_moe_combine(CombineArgs
     }
 }
 
+// Slot j's expert of the one token's routing (BankArgs::logits), routed by warp 0 for the
+// block: j + 1 rounds, no weights (gate_up waits on this; down routes before its wait).
+__device__ __forceinline__ int block_pick(const BankArgs& a, int j) {
+    __shared__ int pick;
+    if (threadIdx.x < 32) {
+        const RoutePick p = route_pick<false>(a.logits, a.bank.experts, j + 1, threadIdx.x);
+        if ((int)threadIdx.x == j) pick = p.id;
+    }
+    __syncthreads();
+    return pick;
+}
+
 // Four warps a gate_up block, nine blocks per SM (at most 56 registers): a decode token's nine
 // slots of 512 rows are then 1,152 blocks, all resident at once on 132 SMs. With eight warps
 // a block, three per SM, its 576 blocks ran in two waves, the second routing and waiting on

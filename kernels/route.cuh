@@ -1,6 +1,6 @@
 // Router top-k of one token by one warp (model-spec.md 2.5 steps 1-2), shared by the route
-// kernel (moe.cu) and the expert kernels that route for themselves (experts.cu); the contract is
-// ninfer_moe_route's.
+// kernel (moe.cu) and the expert kernels that route for themselves (experts.cu,
+// experts_batch.cu's one-token down); the contract is ninfer_moe_route's.
 #pragma once
 #include "quant.cuh"
 
@@ -87,18 +87,6 @@ __device__ __forceinline__ void route_row(const bf16* row, int t, int tokens, in
         w[(size_t)t * topk + lane] = p.w;
     }
     if (has_shared && lane == 0) w[(size_t)tokens * topk + t] = shared_gate(row, experts);
-}
-
-// Slot j's expert of the one token's routing (BankArgs::logits), routed by warp 0 for the
-// block: j + 1 rounds, no weights (gate_up waits on this; down routes before its wait).
-__device__ __forceinline__ int block_pick(const BankArgs& a, int j) {
-    __shared__ int pick;
-    if (threadIdx.x < 32) {
-        const RoutePick p = route_pick<false>(a.logits, a.bank.experts, j + 1, threadIdx.x);
-        if ((int)threadIdx.x == j) pick = p.id;
-    }
-    __syncthreads();
-    return pick;
 }
 
 // Token t's routing into shared memory: slot j < topk's expert id[j] and weight w[j], the

@@ -304,8 +304,9 @@ impl KernelSet {
 const ONE_DOWN_WARPS: usize = 12;
 
 /// Whether [`KernelSet::moe_down`] takes the one-token tensor-core kernel (experts_batch.cu):
-/// one token of an NVFP4 bank whose I is whole 128-column blocks and H whole 16-row tiles
-/// (a decode step 41 µs shorter on an H100 against the per-slot kernel, docs/performance-log.md).
+/// one token of an NVFP4 bank whose I is whole 128-column blocks and H whole 16-row tiles. With
+/// it and attention's early tile rows an H100's decode step went from 2,175 to 2,101 µs, 33 of
+/// them in attention's kernels (docs/performance-log.md, 2026-12-05).
 fn one_token_down(bank: &MatrixView, tokens: usize) -> bool {
     tokens == 1 && bank.encoding() == Encoding::Nvfp4 && bank.cols.is_multiple_of(128) && bank.rows.is_multiple_of(16)
 }

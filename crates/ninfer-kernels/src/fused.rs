@@ -180,8 +180,9 @@ impl KernelSet {
 
 /// The most rows a fused bulk-copy product takes (normed, normed with the conv, gated-normed):
 /// of 9-16 rows they made a decode step of 16 sequences slower than the tensor-core normed
-/// products and the gated norm as its own launch (tg128 x16 2,028.4 against 1,791.8 tok/s
-/// without them, H100, docs/performance-log.md 2026-12-05), so those take 9-16 rows.
+/// products and the gated norm as its own launch (tg128 x16 2,028.4 tok/s without them
+/// against 1,798.8 with them, H100, docs/performance-log.md 2026-12-05), so those take 9-16
+/// rows.
 const BULK_FUSED_MAX_BATCH: usize = 8;
 
 /// Whether [`KernelSet::gemv_gnorm`] takes `batch` rows (2..=8) of `w`: q8_g32 of K % 256 == 0
