@@ -3,17 +3,19 @@
 # sequence (or C) under `ncu`, the decode graph's kernels profiled as nodes, for the kernels
 # whose names match REGEX: skips the first SKIP launches that match (a prompt pass runs other
 # kernels, so those are the warm-up's decode steps) and profiles COUNT. Writes OUT_DIR/ncu.txt
-# (each launch's throughput, launch, occupancy, scheduler, warp-state and memory sections) and
-# OUT_DIR/ncu.csv (the same as raw metrics). ncu replays every profiled launch alone at the
-# clocks it finds (--clock-control none): no launch overlaps the one ahead as in the step, so
-# durations read longer than the step's charges (scripts/decode_trace.py).
+# (each launch's throughput, launch, occupancy, scheduler, warp-state and memory sections),
+# OUT_DIR/ncu.csv (the same as raw metrics) and OUT_DIR/ncu-summary.txt (scripts/ncu_summary.py:
+# per kernel its duration, instructions, issue use, DRAM throughput and longest stalls, also
+# printed). ncu replays every profiled launch alone at the clocks it finds (--clock-control
+# none): no launch overlaps the one ahead as in the step, so durations read longer than the
+# step's charges (scripts/decode_trace.py).
 #
 # Usage: scripts/gpu_ncu.sh MODEL OUT_DIR REGEX [SKIP] [COUNT] [CONCURRENCY]
 #   REGEX  kernel names, e.g. 'ninfer_moe_(gate_up|down)_nvfp4'; SKIP default 40, COUNT 8
 # Needs ninfer importable (PYTHONPATH) with the CUDA backend, and ncu on PATH or in
 # /usr/local/cuda*/bin.
 set -uo pipefail
-[ $# -ge 3 ] || { sed -n '2,14p' "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n '2,16p' "$0"; exit 2; }
 model=$1 out=$2 regex=$3 skip=${4:-40} count=${5:-8} conc=${6:-1}
 ncu=$(command -v ncu || ls -d /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
 [ -n "$ncu" ] || { echo "ncu not found" >&2; exit 1; }
@@ -27,3 +29,4 @@ echo "ncu exit $?" >> "$out/ncu-run.log"
 "$ncu" --import "$out/ncu.ncu-rep" --page raw --csv > "$out/ncu.csv" 2>&1
 rm -f "$out/ncu.ncu-rep"
 tail -n 3 "$out/ncu-run.log"
+python3 "$(dirname "$0")/ncu_summary.py" "$out/ncu.csv" | tee "$out/ncu-summary.txt"
