@@ -50,15 +50,15 @@ def launches(path):
 def summary(launch, to_us):
     """The figures of one launch: a dict of numbers, and its stalls largest first."""
     get = lambda m: number(launch.get(m, ""))
+    us, inst, sms = get(DURATION), get(INSTRUCTIONS), get(SMS)
     fig = {
-        "us": None if get(DURATION) is None else get(DURATION) * to_us,
-        "minst": (get(INSTRUCTIONS) or 0.0) / 1e6,
+        "us": None if us is None else us * to_us,
+        "minst": None if inst is None else inst / 1e6,
+        "issue_kcycles": None if inst is None or not sms else inst / sms / SCHEDULERS / 1000.0,
         "issue": get(ISSUE),
         "dram": get(DRAM),
         "warps": get(WARPS),
     }
-    sms = get(SMS)
-    fig["issue_kcycles"] = (get(INSTRUCTIONS) or 0.0) / sms / SCHEDULERS / 1000.0 if sms else None
     stalls = {}
     for metric, text in launch.items():
         if metric.startswith(STALL[0]) and metric.endswith(STALL[1]):
