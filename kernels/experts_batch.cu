@@ -37,8 +37,8 @@
 //   them). Units as above: block (x, y) runs slot x's expert (or the shared one) for all its
 //   slots, warp w the 16-row tiles y * 4 + w, + 4 * gridDim.y, ... of H over all of K = I
 //   (I % 512 == 0), four 128-column blocks of loads in flight. Launch: block 128, grid
-//   (tokens*topk + has_shared, at most H / 64): the launcher gives a warp 1, 2 or 4 tiles up
-//   to 4, 8 or 16 tokens, about 8 blocks per SM of 132 in all.
+//   (tokens*topk + has_shared, at most H / 64): the launcher gives every warp one tile, so a
+//   block whose slot runs its expert takes 64 rows (the blocks of the other slots return).
 //
 // ninfer_moe_down_one_nvfp4  (BankArgs, tokens == 1, routed by the table or from the logits)
 //   experts.cu's ninfer_moe_down_nvfp4 for one token on the tensor cores: y[n] (+)= r[n], r[n]
@@ -287,8 +287,9 @@ __device__ __forceinline__ void down_mma_body(const BankArgs& a) {
 extern "C" __global__ void __launch_bounds__(MMA_EXPERT_WARPS * 32, 5) ninfer_moe_gate_up_mma_nvfp4(BankArgs a) {
     gate_up_mma_body(a);
 }
-// Eight blocks per SM (at most 64 registers: 8 bytes spilled), so that the launcher's grid of
-// about 8 blocks per SM runs in one wave.
+// Eight blocks per SM (at most 64 registers: 8 bytes spilled). At 16 tokens the running
+// blocks (one per chosen expert and 64 rows) take more than one wave; fewer blocks of two or
+// four tiles a warp, in one wave, were slower (launcher, experts.rs).
 extern "C" __global__ void __launch_bounds__(MMA_EXPERT_WARPS * 32, 8) ninfer_moe_down_mma_nvfp4(BankArgs a) {
     down_mma_body(a);
 }

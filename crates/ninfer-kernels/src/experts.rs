@@ -248,10 +248,11 @@ impl KernelSet {
         let c = Check::new(Kernel::MoeDownMmaNvfp4);
         check_batch(&c, bank, tokens)?;
         c.ensure(bank.cols.is_multiple_of(512), || format!("I = {} is not a multiple of 512", bank.cols))?;
-        // Tiles a warp: 1, 2 or 4 up to 4, 8 or 16 tokens, as the slots grow (experts_batch.cu).
-        let per_warp = tokens.div_ceil(4).next_power_of_two().min(4);
+        // One 16-row tile a warp at every batch size: at 16 tokens x16 read 2,147.6 tok/s against
+        // 2,032.6 with four tiles a warp and 2,107.5 with two, batch 1 the same (H100,
+        // 2026-12-06, docs/performance-log.md); 5-8 tokens, which had two, were not read apart.
         let gx = c.i32("slots", tokens * topk + shared.is_some() as usize)? as u32;
-        let grid = (gx, blocks(bank.rows / 16, BATCH_WARPS * per_warp), 32 * BATCH_WARPS as u32);
+        let grid = (gx, blocks(bank.rows / 16, BATCH_WARPS), 32 * BATCH_WARPS as u32);
         self.down_parts_with(&c, stream, (bank, shared), inp, (tokens, topk), (ids, route_w), part, grid)
     }
 
