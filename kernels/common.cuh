@@ -129,18 +129,38 @@ __device__ __forceinline__ float e4m3_to_f(uint8_t b) {
     return __half2float(__half(h));
 }
 
-// Two E2M1 codes, in bits 0-3 and 16-19 of `t`, -> two f16 values equal to E2M1 * 2^-14,
-// exactly: each 16-bit lane puts its nibble's 3 magnitude bits on f16 exponent bits 11..10 and
-// mantissa bit 9 and its sign bit on bit 15, so normal codes become normal f16 values and code
-// 001 (0.5) becomes an f16 subnormal, all with the same 2^-14 factor. The caller multiplies by
-// 2^14 once per scale block. A packed word shifted right by 4p gives elements p and p + 4 of
-// its 8 (element 2b in the low nibble of byte b): no byte is taken apart.
-__device__ __forceinline__ __half2 e2m1_pair_to_h2_scaled(uint32_t t) {
-    const uint32_t bits = ((t << 9) & 0x0e000e00u) | ((t << 12) & 0x80008000u);
-    return *reinterpret_cast<const __half2*>(&bits);
+// NVFP4 codes on the device. layout.cu's ninfer_nvfp4_device_layout rewrites every uploaded
+// code word (format.md 3.5: 8 codes of 4 bits, code c in bits 4c..4c+3) so that the pair p of a
+// word, codes 2p and 2p + 1, decodes in two instructions (pair 3: three): rotated left by
+// NVFP4_ROT[p], the word holds code 2p's magnitude bits (e1 e0 m) on bf16 exponent bits 8-7 and
+// mantissa bit 6 of its low half and its sign on bit 15, code 2p + 1 the same in the high half,
+// and every other bit of the mask below zero. Such a bf16 is E2M1 * 2^-126 exactly (code 001,
+// 0.5, a subnormal). Pair 3 takes its two e1 bits from the word unrotated: no four rotations
+// of the 8-bit pattern tile a 32-bit word, and this one pattern of five does (bits of code c, b:
+// nvfp4_device_bit below). The layout is the device's alone: the artifact keeps format.md's.
+#define NVFP4_PAIR_MASK 0x81c081c0u
+__host__ __device__ constexpr int nvfp4_rot(int p) { return p == 0 ? 2 : p == 1 ? 6 : p == 2 ? 12 : 8; }
+
+// Where bit b (0 m, 1 e0, 2 e1, 3 sign) of code c lands in the device word.
+__host__ __device__ constexpr int nvfp4_device_bit(int c, int b) {
+    const int target = (b < 3 ? 6 + b : 15) + 16 * (c & 1);
+    const int rot = (c >> 1) == 3 && b == 2 ? 0 : nvfp4_rot(c >> 1);
+    return (target - rot + 32) & 31;
 }
 
-#define E2M1_UNSCALE 16384.0f
+// Pair p (a compile-time constant in every caller's unrolled loop) of a device word as bf16x2
+// bits: low half code 2p, high half code 2p + 1, each E2M1 * 2^-126.
+__device__ __forceinline__ uint32_t nvfp4_pair(uint32_t w, int p) {
+    if (p == 3) return (__funnelshift_l(w, w, nvfp4_rot(3)) & 0x80c080c0u) | (w & 0x01000100u);
+    return __funnelshift_l(w, w, nvfp4_rot(p)) & NVFP4_PAIR_MASK;
+}
+
+// An E4M3 scale byte times 2^118 as a bf16x2 pair (exact: 4 significant bits, 2^109..2^127):
+// a decoded pair times it is E2M1 * scale * 2^-8.
+__device__ __forceinline__ uint32_t nvfp4_scale_bf16x2(uint32_t byte) {
+    const uint32_t b = __bfloat16_as_ushort(__float2bfloat16_rn(e4m3_to_f((uint8_t)byte) * 0x1p118f));
+    return b | (b << 16);
+}
 
 template <int N>
 __device__ __forceinline__ void warp_sum(float (&v)[N]) {

@@ -49,9 +49,10 @@
 // expert e lists its slots in increasing order (the shared "expert" e = E lists all shared
 // slots); ids outside [0, E) are in no list.
 //
-// Weights: E2M1 codes times the E4M3 block scale are exact in bf16 (at most 2 + 3 significant
-// bits), so the A operand holds the exact dequantized weights of format.md 3.5; the per-row
-// global multiplies the f32 sum. x and the gate_up output are bf16: every product is exact.
+// Weights: a code pair of the device layout (common.cuh) decodes to E2M1 * 2^-126 in bf16, and
+// one bf16x2 multiply by the E4M3 block scale times 2^118 gives E2M1 * scale * 2^-8, exact in
+// bf16 (at most 6 significant bits, at least 2^-18), so the A operand holds the dequantized
+// weights of format.md 3.5 times 2^-8 exactly; 2^8 and the per-row global multiply the f32 sum. x and the gate_up output are bf16: every product is exact.
 //
 // ninfer_moe_gate_up_grouped_nvfp4 (BankArgs; y: bf16 [S, I])
 //   For every listed slot s of expert e: g = bf16(x[t] . W[e][j]), u = bf16(x[t] . W[e][I + j]),
@@ -82,17 +83,6 @@
 #define GROUP_MAX_K_GROUPS 8
 #define GROUP_MAX_TOKENS 1024
 
-// Two E2M1 codes of `w` at nibbles 2p and 2p+1 (p < 4) as a bf16x2, unscaled.
-__device__ __forceinline__ uint32_t e2m1x2_bf16(uint32_t w, int p) {
-    // bf16 bit patterns of the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: low bytes, then high bytes.
-    const uint32_t lo0 = 0xC0800000u, lo1 = 0xC0804000u, hi0 = 0x3F3F3F00u, hi1 = 0x40404040u;
-    const uint32_t sel = (w >> (8 * p)) & 0x77u;  // two 3-bit magnitudes: PRMT byte indices
-    const uint32_t lo = __byte_perm(lo0, lo1, sel), hi = __byte_perm(hi0, hi1, sel);
-    const uint32_t mag = __byte_perm(lo, hi, 0x5140);  // lo0 hi0 lo1 hi1
-    const uint32_t b = w >> (8 * p);
-    return mag | ((b << 12) & 0x8000u) | ((b << 24) & 0x80000000u);
-}
-
 // One row's share of a lane in a 32-column group: codes of columns 8t..8t+7 (4 bytes) and
 // their E4M3 scale as a bf16x2 pair.
 struct Fp4Part {
@@ -104,9 +94,7 @@ __device__ __forceinline__ Fp4Part load_part(const Mat& m, int e, int row, int g
     const size_t r = (size_t)e * m.rows + row;
     Fp4Part p;
     p.q = __ldg(reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(m.p0) + r * (m.cols / 2) + grp * 16 + 4 * t));
-    const uint8_t s = __ldg(static_cast<const uint8_t*>(m.p1) + r * (m.cols / 16) + grp * 2 + t / 2);
-    const uint32_t sb = __bfloat16_as_ushort(__float2bfloat16_rn(e4m3_to_f(s)));
-    p.sc = sb | (sb << 16);
+    p.sc = nvfp4_scale_bf16x2(__ldg(static_cast<const uint8_t*>(m.p1) + r * (m.cols / 16) + grp * 2 + t / 2));
     return p;
 }
 
@@ -115,10 +103,10 @@ __device__ __forceinline__ Fp4Part load_part(const Mat& m, int e, int row, int g
 __device__ __forceinline__ void tile_mma(float (&d)[4], const Fp4Part& lo, const Fp4Part& hi, uint4 xb) {
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
-        const uint32_t a0 = bf16x2_mul(e2m1x2_bf16(lo.q, 2 * st), lo.sc);
-        const uint32_t a1 = bf16x2_mul(e2m1x2_bf16(hi.q, 2 * st), hi.sc);
-        const uint32_t a2 = bf16x2_mul(e2m1x2_bf16(lo.q, 2 * st + 1), lo.sc);
-        const uint32_t a3 = bf16x2_mul(e2m1x2_bf16(hi.q, 2 * st + 1), hi.sc);
+        const uint32_t a0 = bf16x2_mul(nvfp4_pair(lo.q, 2 * st), lo.sc);
+        const uint32_t a1 = bf16x2_mul(nvfp4_pair(hi.q, 2 * st), hi.sc);
+        const uint32_t a2 = bf16x2_mul(nvfp4_pair(lo.q, 2 * st + 1), lo.sc);
+        const uint32_t a3 = bf16x2_mul(nvfp4_pair(hi.q, 2 * st + 1), hi.sc);
         mma_bf16(d, a0, a1, a2, a3, st ? xb.z : xb.x, st ? xb.w : xb.y);
     }
 }
@@ -238,8 +226,8 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_moe_gate_up_grouped_nvf
     const int rows[2] = {j0, inter + j0};
     bf16* out = static_cast<bf16*>(a.y);
     grouped_tiles<2>(a, m, e_mat, rows, list, b.n, true, [&](const float (&sum)[2], int r, int slot) {
-        const float gv = round_bf(sum[0] * row_multiplier<EncNvfp4>(m, e_mat, j0 + r));
-        const float uv = round_bf(sum[1] * row_multiplier<EncNvfp4>(m, e_mat, inter + j0 + r));
+        const float gv = round_bf(sum[0] * (row_multiplier<EncNvfp4>(m, e_mat, j0 + r) * 256.f));
+        const float uv = round_bf(sum[1] * (row_multiplier<EncNvfp4>(m, e_mat, inter + j0 + r) * 256.f));
         out[(size_t)slot * inter + j0 + r] = f2bf(round_bf(silu(gv)) * uv);
     });
 }
@@ -255,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_moe_down_grouped_nvfp4(
     const int rows[1] = {n0};
     float* out = static_cast<float*>(a.y);
     grouped_tiles<1>(a, m, e_mat, rows, list, b.n, false, [&](const float (&sum)[1], int r, int slot) {
-        out[(size_t)slot * a.ldy + n0 + r] = __ldg(a.route_w + slot) * row_multiplier<EncNvfp4>(m, e_mat, n0 + r) * sum[0];
+        out[(size_t)slot * a.ldy + n0 + r] = __ldg(a.route_w + slot) * (row_multiplier<EncNvfp4>(m, e_mat, n0 + r) * 256.f) * sum[0];
     });
 }
 

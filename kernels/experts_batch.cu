@@ -17,11 +17,11 @@
 //   loads columns 32t..32t+31 of a block for rows g and g + 8 of each tile, 16 bytes a row)
 //   and sum their partials in shared memory in warp order.
 //   The MMA k order: the 8 columns of one code word (columns c0..c7) go into two k16 steps,
-//   lane t's k pairs (2t, 2t+1) and (2t+8, 2t+9) holding columns (c0, c4), (c1, c5) in the
-//   first and (c2, c6), (c3, c7) in the second, the same for A and B, so that a code word
-//   shifted right by 4p gives the pair (c_p, c_p+4) without taking bytes apart.
-//   Weights: a code decoded to bf16 bits with its magnitude bits on exponent bits 8-7 and
-//   mantissa bit 6 and its sign on bit 15 is E2M1 * 2^-126 exactly (0.5 a subnormal); one
+//   lane t's k pairs (2t, 2t+1) and (2t+8, 2t+9) holding columns (c0, c1), (c2, c3) in the
+//   first and (c4, c5), (c6, c7) in the second, the same for A and B: a code pair of the
+//   device layout (common.cuh) and x's bf16 pair at the same columns.
+//   Weights: a code pair of the device layout decodes to two bf16 of E2M1 * 2^-126 exactly
+//   (0.5 a subnormal); one
 //   bf16x2 multiply by the E4M3 scale times 2^118 gives E2M1 * scale * 2^-8, exact in bf16
 //   (at most 6 significant bits, at least 2^-18). x is bf16, so the MMA's products are exact in
 //   its f32 sums; a row's sum is scaled by 2^8 and the global of its segment.
@@ -86,18 +86,6 @@ __device__ __forceinline__ TilePart tile_load(const Mat& m, int e, int row0, int
     return p;
 }
 
-// Codes p and p + 4 of a word as bf16x2 bits of E2M1 * 2^-126 (header).
-__device__ __forceinline__ uint32_t e2m1_pair_bf16_tiny(uint32_t w, int p) {
-    const uint32_t v = w >> (4 * p);
-    return ((v << 6) & 0x01c001c0u) | ((v << 12) & 0x80008000u);
-}
-
-// An E4M3 scale byte times 2^118, as a bf16x2 pair (exact: 4 significant bits, 2^109..2^127).
-__device__ __forceinline__ uint32_t scale_bf16x2(uint32_t byte) {
-    const uint32_t b = __bfloat16_as_ushort(f2bf(e4m3_to_f((uint8_t)byte) * 0x1p118f));
-    return b | (b << 16);
-}
-
 // The MMAs of one 128-column block of U tiles over the same B: for each code word i of the
 // lane (columns 32t + 8i..), two k16 steps per tile; xr is x at the block's columns 32t.. of
 // the lane's B column (null past the slot list: zeros).
@@ -108,25 +96,24 @@ __device__ __forceinline__ void block_mma(float (&d)[U][4], const TilePart (&w)[
     for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            sc[u][h][0] = scale_bf16x2(w[u].s[h] & 0xffu);
-            sc[u][h][1] = scale_bf16x2(w[u].s[h] >> 8);
+            sc[u][h][0] = nvfp4_scale_bf16x2(w[u].s[h] & 0xffu);
+            sc[u][h][1] = nvfp4_scale_bf16x2(w[u].s[h] >> 8);
         }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        // x's columns c0..c7 of the word as (x0, x4), (x1, x5), (x2, x6), (x3, x7).
+        // x's columns c0..c7 of the word: (x0, x1), (x2, x3), (x4, x5), (x6, x7).
         const uint4 xv = xr ? ldg16(xr + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
-        const uint32_t bx[4] = {__byte_perm(xv.x, xv.z, 0x5410), __byte_perm(xv.x, xv.z, 0x7632),
-                                __byte_perm(xv.y, xv.w, 0x5410), __byte_perm(xv.y, xv.w, 0x7632)};
+        const uint32_t bx[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const uint32_t w0 = u4_word(w[u].q[0], i), w1 = u4_word(w[u].q[1], i);
             const uint32_t s0 = sc[u][0][i / 2], s1 = sc[u][1][i / 2];
 #pragma unroll
             for (int st = 0; st < 2; ++st) {
-                const uint32_t a0 = bf16x2_mul(e2m1_pair_bf16_tiny(w0, 2 * st), s0);
-                const uint32_t a1 = bf16x2_mul(e2m1_pair_bf16_tiny(w1, 2 * st), s1);
-                const uint32_t a2 = bf16x2_mul(e2m1_pair_bf16_tiny(w0, 2 * st + 1), s0);
-                const uint32_t a3 = bf16x2_mul(e2m1_pair_bf16_tiny(w1, 2 * st + 1), s1);
+                const uint32_t a0 = bf16x2_mul(nvfp4_pair(w0, 2 * st), s0);
+                const uint32_t a1 = bf16x2_mul(nvfp4_pair(w1, 2 * st), s1);
+                const uint32_t a2 = bf16x2_mul(nvfp4_pair(w0, 2 * st + 1), s0);
+                const uint32_t a3 = bf16x2_mul(nvfp4_pair(w1, 2 * st + 1), s1);
                 mma_bf16(d[u], a0, a1, a2, a3, bx[2 * st], bx[2 * st + 1]);
             }
         }

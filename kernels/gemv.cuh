@@ -64,7 +64,10 @@ __device__ __forceinline__ void pair_dot(const typename Enc::Raw& r0, const type
 
 // NVFP4: both rows decoded a word (8 weights) at a time against each 8 of x, read once: 16
 // weights live instead of a chunk's 32 (and x's 32) per row, which keeps the per-slot gate_up
-// within the 56 registers of nine blocks per SM (experts.cu) without spilling.
+// within the 56 registers of nine blocks per SM (experts.cu) without spilling. The weights stay
+// E2M1 * 2^-126 and x is taken times 2^64, one multiply per x shared by both rows: every
+// product is E2M1 * x * 2^-62, exact and normal for |x| in [2^-63, 2^64), and the group sums
+// are the unscaled ones times 2^-62 exactly, which the scale takes back.
 template <>
 __device__ __forceinline__ void pair_dot<EncNvfp4>(const EncNvfp4::Raw& r0, const EncNvfp4::Raw& r1, const bf16* x,
                                                    float (&acc)[2]) {
@@ -77,15 +80,17 @@ __device__ __forceinline__ void pair_dot<EncNvfp4>(const EncNvfp4::Raw& r0, cons
         for (int v = 0; v < 2; ++v) {
             float xf[8], w[8];
             unpack_bf8(ldg16(x + 8 * (2 * g + v)), xf);
-            EncNvfp4::dequant_word(q0[2 * g + v], w);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) xf[i] *= 0x1p64f;
+            EncNvfp4::dequant_word_tiny(q0[2 * g + v], w);
 #pragma unroll
             for (int i = 0; i < 8; ++i) p0 = fmaf(w[i], xf[i], p0);
-            EncNvfp4::dequant_word(q1[2 * g + v], w);
+            EncNvfp4::dequant_word_tiny(q1[2 * g + v], w);
 #pragma unroll
             for (int i = 0; i < 8; ++i) p1 = fmaf(w[i], xf[i], p1);
         }
-        d0 = fmaf(p0, EncNvfp4::scale(r0, g), d0);
-        d1 = fmaf(p1, EncNvfp4::scale(r1, g), d1);
+        d0 = fmaf(p0, EncNvfp4::scale(r0, g) * 0x1p62f, d0);
+        d1 = fmaf(p1, EncNvfp4::scale(r1, g) * 0x1p62f, d1);
     }
     acc[0] += d0;
     acc[1] += d1;

@@ -192,16 +192,23 @@ struct EncNvfp4 {
 #pragma unroll
         for (int j = 0; j < 4; ++j) dequant_word(q[j], w + 8 * j);
     }
-    // Weights 8j..8j+7 of a chunk from its codes' word j (the low nibbles are 8j..8j+3).
+    // Weights 8j..8j+7 of a chunk, E2M1 exactly, from its codes' word j (device layout).
     __device__ static void dequant_word(uint32_t q, float w[8]) {
+        dequant_word_tiny(q, w);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] *= 0x1p126f;
+    }
+    // The same times 2^-126 (0.5 an f32 subnormal), for a caller that scales x instead: each
+    // pair's bf16 halves (common.cuh) are the high halves of f32s.
+    __device__ static void dequant_word_tiny(uint32_t q, float w[8]) {
 #pragma unroll
         for (int p = 0; p < 4; ++p) {
-            const float2 f = __half22float2(e2m1_pair_to_h2_scaled(q >> (4 * p)));
-            w[p] = f.x;
-            w[p + 4] = f.y;
+            const uint32_t r = nvfp4_pair(q, p);
+            w[2 * p] = __uint_as_float(r << 16);
+            w[2 * p + 1] = __uint_as_float(r & 0xffff0000u);
         }
     }
-    __device__ static float scale(const Raw& r, int g) { return e4m3_to_f((uint8_t)(r.s >> (8 * g))) * E2M1_UNSCALE; }
+    __device__ static float scale(const Raw& r, int g) { return e4m3_to_f((uint8_t)(r.s >> (8 * g))); }
 };
 
 // Per-row multiplier applied after the dot product: the nvfp4 global of the row's segment.

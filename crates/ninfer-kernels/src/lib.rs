@@ -25,6 +25,8 @@ mod gemv;
 #[cfg(feature = "build-cubins")]
 mod launch;
 #[cfg(feature = "build-cubins")]
+mod layout;
+#[cfg(feature = "build-cubins")]
 mod loader;
 #[cfg(feature = "build-cubins")]
 mod moe;
@@ -56,6 +58,8 @@ pub use gdn::{DeltaForm, GdnDims, SeqSlots, GDN_CHUNK, GDN_CHUNK_MIN, GDN_CONV_W
 pub use gemv::{GemvOut, MatrixView, Weights, GEMV_MAX_BATCH};
 #[cfg(feature = "build-cubins")]
 pub use launch::KernelError;
+#[cfg(feature = "build-cubins")]
+pub use layout::nvfp4_device_word;
 #[cfg(feature = "build-cubins")]
 pub use loader::{ImageKind, KernelSet};
 #[cfg(feature = "build-cubins")]

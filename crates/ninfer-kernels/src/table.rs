@@ -35,6 +35,7 @@ macro_rules! kernel_table {
 }
 
 kernel_table! {
+    Nvfp4DeviceLayout => "layout", "ninfer_nvfp4_device_layout";
     RmsNorm => "norm", "ninfer_rms_norm";
     AddRmsNorm => "norm", "ninfer_add_rms_norm";
     GatedRmsNorm => "norm", "ninfer_gated_rms_norm";

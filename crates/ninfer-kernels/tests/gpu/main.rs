@@ -10,6 +10,7 @@ mod embed;
 mod fused;
 mod gdn;
 mod gemv;
+mod layout;
 mod load;
 mod mats;
 mod moe;

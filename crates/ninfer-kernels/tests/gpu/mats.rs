@@ -136,7 +136,12 @@ impl HostMat {
             Host::Q8(q, sc) => Dev::Q8(up(s, q), up(s, sc)),
             Host::Q6(ql, qh, sc) => Dev::Q6(up(s, ql), up(s, qh), up(s, sc)),
             Host::Q4(q, sc) => Dev::Q4(up(s, q), up(s, sc)),
-            Host::Nvfp4(c, sc, g, p) => Dev::Nvfp4(up(s, c), up(s, sc), up(s, g), *p),
+            Host::Nvfp4(c, sc, g, p) => {
+                // The kernels read codes in the device layout, as the engine uploads them.
+                let mut codes = up(s, c);
+                gpu().expect("a GPU uploads").ks.nvfp4_device_layout(s, &mut codes).expect("device layout");
+                Dev::Nvfp4(codes, up(s, sc), up(s, g), *p)
+            }
         };
         DevMat {
             dev,

@@ -239,7 +239,7 @@ impl CudaBackend {
         }
         // A stream of our own: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(drv("creating a CUDA stream"))?;
-        let arena = Arena::upload(&stream, &plan, &name)?;
+        let arena = Arena::upload(&stream, &ks, &plan, &name)?;
         let states = States::alloc(&stream, &dims)?;
         let ws = Workspace::alloc(&stream, &dims)?;
         let tables = alloc_tables(&stream, &dims)?;

@@ -11,14 +11,14 @@
 use std::io::{IsTerminal as _, Write as _};
 
 use half::bf16;
-use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView};
-use ninfer_kernels::{MatrixView, Weights};
+use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+use ninfer_kernels::{KernelSet, MatrixView, Weights};
 
 use crate::artifact::codec::PartSource;
 use crate::artifact::{Artifact, Encoding, TensorView};
 use crate::model::{LayerKind, ModelConfig};
 
-use super::{drv, BackendError};
+use super::{drv, kern, BackendError};
 
 /// Parts start at multiples of this many bytes in the arena (the kernels need 16).
 const ALIGN: usize = 256;
@@ -169,6 +169,9 @@ pub(super) struct MtpW {
 enum Src {
     /// A stored part of the named tensor, as is.
     Part(String, &'static str),
+    /// The named NVFP4 tensor's codes, rewritten on the device into the layout the kernels
+    /// read (kernels/layout.cu).
+    Nvfp4Codes(String),
     /// The named tensor dequantized to bf16.
     Bf16Of(String),
     /// The named tensor dequantized to f32.
@@ -265,7 +268,9 @@ impl<'a> Planner<'a> {
                 Encoding::Nvfp4 => {
                     let global = raw_part("global")?;
                     let segments = global.len / 4 / experts;
-                    Parts::Nvfp4 { codes: raw_part("codes")?, scales: raw_part("scales")?, global, segments }
+                    let codes = t.part("codes")?.len();
+                    let codes = self.push(Src::Nvfp4Codes(t.name.to_string()), codes);
+                    Parts::Nvfp4 { codes, scales: self.raw(&t, "scales")?, global, segments }
                 }
                 other => unreachable!("{other} is never uploaded raw"),
             }
@@ -452,6 +457,17 @@ pub(super) fn plan<'a>(art: &'a Artifact, c: &ModelConfig, mtp: bool) -> Result<
     Ok(WeightPlan { art, items, total, model: ModelW { embed, layers, final_norm, head, mtp } })
 }
 
+/// `b` into `dst` in pieces of COPY_PIECE bytes, `report(bytes copied)` after each.
+fn copy_pieces(stream: &std::sync::Arc<CudaStream>, b: &[u8], dst: &mut CudaViewMut<'_, u8>, mut report: impl FnMut(usize)) -> Result<(), BackendError> {
+    for (i, piece) in b.chunks(COPY_PIECE).enumerate() {
+        let o = i * COPY_PIECE;
+        let mut d = dst.slice_mut(o..o + piece.len());
+        stream.memcpy_htod(piece, &mut d).map_err(drv("uploading the weights"))?;
+        report(o + piece.len());
+    }
+    Ok(())
+}
+
 /// The uploaded weights.
 pub(super) struct Arena {
     buf: CudaSlice<u8>,
@@ -459,7 +475,7 @@ pub(super) struct Arena {
 
 impl Arena {
     /// Allocates the arena and copies every planned range into it.
-    pub fn upload(stream: &std::sync::Arc<CudaStream>, plan: &WeightPlan<'_>, label: &str) -> Result<Arena, BackendError> {
+    pub fn upload(stream: &std::sync::Arc<CudaStream>, ks: &KernelSet, plan: &WeightPlan<'_>, label: &str) -> Result<Arena, BackendError> {
         let mut buf = stream.alloc_zeros::<u8>(plan.total.max(1)).map_err(drv("allocating the weights"))?;
         let loud = plan.total >= PROGRESS_MIN;
         // The running count rewrites its line on a terminal; a log gets only the last line.
@@ -478,13 +494,12 @@ impl Arena {
             match src {
                 Src::Part(name, part) => {
                     let t = plan.art.tensor(name)?;
-                    let b = t.part(part)?;
-                    for (i, piece) in b.chunks(COPY_PIECE).enumerate() {
-                        let o = i * COPY_PIECE;
-                        let mut d = dst.slice_mut(o..o + piece.len());
-                        stream.memcpy_htod(piece, &mut d).map_err(drv("uploading the weights"))?;
-                        report(done + o + piece.len());
-                    }
+                    copy_pieces(stream, t.part(part)?, &mut dst, |o| report(done + o))?;
+                }
+                Src::Nvfp4Codes(name) => {
+                    let t = plan.art.tensor(name)?;
+                    copy_pieces(stream, t.part("codes")?, &mut dst, |o| report(done + o))?;
+                    ks.nvfp4_device_layout(stream, &mut dst).map_err(kern)?;
                 }
                 Src::Bf16Of(name) => {
                     let vals: Vec<bf16> = plan.art.tensor(name)?.to_f32()?.into_iter().map(bf16::from_f32).collect();
