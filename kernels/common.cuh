@@ -132,7 +132,7 @@ __device__ __forceinline__ float e4m3_to_f(uint8_t b) {
 // NVFP4 codes on the device. layout.cu's ninfer_nvfp4_device_layout rewrites every uploaded
 // code word (format.md 3.5: 8 codes of 4 bits, code c in bits 4c..4c+3) so that the pair p of a
 // word, codes 2p and 2p + 1, decodes in two instructions (pair 3: three): rotated left by
-// NVFP4_ROT[p], the word holds code 2p's magnitude bits (e1 e0 m) on bf16 exponent bits 8-7 and
+// nvfp4_rot(p), the word holds code 2p's magnitude bits (e1 e0 m) on bf16 exponent bits 8-7 and
 // mantissa bit 6 of its low half and its sign on bit 15, code 2p + 1 the same in the high half,
 // and every other bit of the mask below zero. Such a bf16 is E2M1 * 2^-126 exactly (code 001,
 // 0.5, a subnormal). Pair 3 takes its two e1 bits from the word unrotated: no four rotations

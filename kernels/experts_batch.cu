@@ -21,9 +21,8 @@
 //   first and (c4, c5), (c6, c7) in the second, the same for A and B: a code pair of the
 //   device layout (common.cuh) and x's bf16 pair at the same columns.
 //   Weights: a code pair of the device layout decodes to two bf16 of E2M1 * 2^-126 exactly
-//   (0.5 a subnormal); one
-//   bf16x2 multiply by the E4M3 scale times 2^118 gives E2M1 * scale * 2^-8, exact in bf16
-//   (at most 6 significant bits, at least 2^-18). x is bf16, so the MMA's products are exact in
+//   (0.5 a subnormal); one bf16x2 multiply by the E4M3 scale times 2^118 gives
+//   E2M1 * scale * 2^-8, exact in bf16 (at most 6 significant bits, at least 2^-18). x is bf16, so the MMA's products are exact in
 //   its f32 sums; a row's sum is scaled by 2^8 and the global of its segment.
 //   K (H) a multiple of 128, I a multiple of 16; every x row 16-byte aligned (ldx % 8 == 0).
 //   Launch: block 128 (4 warps), grid (tokens*topk + has_shared, I / 16).
@@ -270,11 +269,11 @@ __device__ __forceinline__ void down_mma_body(const BankArgs& a) {
     expert_passes(a, [&](const Mat& m, int e, const int* list, int count) { down_tiles(a, m, e, list, count); });
 }
 
-// Five blocks per SM (at most 102 registers; 93 without spilling).
+// Five blocks per SM (at most 102 registers; 92 without spilling).
 extern "C" __global__ void __launch_bounds__(MMA_EXPERT_WARPS * 32, 5) ninfer_moe_gate_up_mma_nvfp4(BankArgs a) {
     gate_up_mma_body(a);
 }
-// Eight blocks per SM (at most 64 registers: 8 bytes spilled). At 16 tokens the running
+// Eight blocks per SM (at most 64 registers: 24 bytes spilled). At 16 tokens the running
 // blocks (one per chosen expert and 64 rows) take more than one wave; fewer blocks of two or
 // four tiles a warp, in one wave, were slower (launcher, experts.rs).
 extern "C" __global__ void __launch_bounds__(MMA_EXPERT_WARPS * 32, 8) ninfer_moe_down_mma_nvfp4(BankArgs a) {
