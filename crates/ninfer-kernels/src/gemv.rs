@@ -28,7 +28,8 @@ pub enum Weights<'a> {
         q: CudaView<'a, u8>,
         scales: CudaView<'a, f16>,
     },
-    /// `global` holds `segments` f32 multipliers per expert (format.md: `P`).
+    /// `global` holds `segments` f32 multipliers per expert (format.md: `P`); `codes` are in
+    /// the device layout that [`crate::KernelSet::nvfp4_device_layout`] writes.
     Nvfp4 {
         codes: CudaView<'a, u8>,
         scales: CudaView<'a, u8>,
