@@ -52,7 +52,8 @@
 // Weights: a code pair of the device layout (common.cuh) decodes to E2M1 * 2^-126 in bf16, and
 // one bf16x2 multiply by the E4M3 block scale times 2^118 gives E2M1 * scale * 2^-8, exact in
 // bf16 (at most 6 significant bits, at least 2^-18), so the A operand holds the dequantized
-// weights of format.md 3.5 times 2^-8 exactly; 2^8 and the per-row global multiply the f32 sum. x and the gate_up output are bf16: every product is exact.
+// weights of format.md 3.5 times 2^-8 exactly; 2^8 and the per-row global multiply the f32
+// sum. x and the gate_up output are bf16: every product is exact.
 //
 // ninfer_moe_gate_up_grouped_nvfp4 (BankArgs; y: bf16 [S, I])
 //   For every listed slot s of expert e: g = bf16(x[t] . W[e][j]), u = bf16(x[t] . W[e][I + j]),
@@ -83,8 +84,8 @@
 #define GROUP_MAX_K_GROUPS 8
 #define GROUP_MAX_TOKENS 1024
 
-// One row's share of a lane in a 32-column group: codes of columns 8t..8t+7 (4 bytes) and
-// their E4M3 scale as a bf16x2 pair.
+// One row's share of a lane in a 32-column group: codes of columns 8t..8t+7 (4 bytes, device
+// layout) and their E4M3 scale times 2^118 as a bf16x2 pair (nvfp4_scale_bf16x2).
 struct Fp4Part {
     uint32_t q;
     uint32_t sc;

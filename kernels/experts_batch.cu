@@ -22,8 +22,9 @@
 //   device layout (common.cuh) and x's bf16 pair at the same columns.
 //   Weights: a code pair of the device layout decodes to two bf16 of E2M1 * 2^-126 exactly
 //   (0.5 a subnormal); one bf16x2 multiply by the E4M3 scale times 2^118 gives
-//   E2M1 * scale * 2^-8, exact in bf16 (at most 6 significant bits, at least 2^-18). x is bf16, so the MMA's products are exact in
-//   its f32 sums; a row's sum is scaled by 2^8 and the global of its segment.
+//   E2M1 * scale * 2^-8, exact in bf16 (at most 6 significant bits, at least 2^-18). x is
+//   bf16, so the MMA's products are exact in its f32 sums; a row's sum is scaled by 2^8 and
+//   the global of its segment.
 //   K (H) a multiple of 128, I a multiple of 16; every x row 16-byte aligned (ldx % 8 == 0).
 //   Launch: block 128 (4 warps), grid (tokens*topk + has_shared, I / 16).
 //   The weights' decoding and the MMA k order below are both kernels'.

@@ -16,7 +16,7 @@ device_args!(LayoutArgs, 16);
 
 /// Grid-stride blocks of the layout kernel: enough to fill any device, few enough to launch
 /// once per matrix cheaply.
-const LAYOUT_MAX_BLOCKS: usize = 4096;
+const LAYOUT_MAX_BLOCKS: u32 = 4096;
 
 /// Bit `b` (0 m, 1 e0, 2 e1, 3 sign) of code `c` of a format.md code word: where it lands in
 /// the device word (kernels/common.cuh `nvfp4_device_bit`).
@@ -47,7 +47,7 @@ impl KernelSet {
         let (p, _g) = dptr_mut(codes, stream);
         c.aligned("codes", p, 4)?;
         let cfg = LaunchConfig {
-            grid_dim: (blocks(n / 4, 256).min(LAYOUT_MAX_BLOCKS as u32), 1, 1),
+            grid_dim: (blocks(n / 4, 256).min(LAYOUT_MAX_BLOCKS), 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
