@@ -120,35 +120,71 @@ __device__ __forceinline__ void block_mma(float (&d)[U][4], const TilePart (&w)[
     }
 }
 
-// This block's expert and its slots, ascending, into `list` (the warp's own copy); returns
-// how many, 0 when another block runs the expert, -1 for a slot whose id is outside [0, E).
-__device__ __forceinline__ int expert_slots(const BankArgs& a, int lane, int* list, int& e) {
+#define SLOT_ID_LOADS 4  // ids a lane loads at once while listing an expert's slots
+
+// This block's expert: 0 for the shared block, -1 for a slot whose id is outside [0, E).
+__device__ __forceinline__ int block_expert(const BankArgs& a) {
+    const int routed = a.tokens * a.topk, x = blockIdx.x;
+    if (x == routed) return 0;
+    const int e = __ldg(a.ids + x);
+    return e < 0 || e >= a.bank.experts ? -1 : e;
+}
+
+// The slots of this block's expert e, ascending, into `list` (the warp's own copy); returns
+// how many, 0 when an earlier slot's block runs the expert. The ids are loaded SLOT_ID_LOADS
+// a lane at a time, so a list of up to 32 * SLOT_ID_LOADS slots costs one round trip.
+__device__ __forceinline__ int expert_slots(const BankArgs& a, int e, int lane, int* list) {
     const int routed = a.tokens * a.topk, x = blockIdx.x;
     if (x == routed) {  // the shared expert: every token's shared slot
-        e = 0;
         if (lane < a.tokens) list[lane] = routed + lane;
         __syncwarp();
         return a.tokens;
     }
-    e = __ldg(a.ids + x);
-    if (e < 0 || e >= a.bank.experts) return -1;
     int n = 0;
     bool first = true;
-    for (int base = 0; base < routed; base += 32) {
-        const int s = base + lane;
-        const bool hit = s < routed && __ldg(a.ids + s) == e;
-        const unsigned mask = __ballot_sync(0xffffffffu, hit);
-        first = first && __ballot_sync(0xffffffffu, hit && s < x) == 0u;
-        const int pos = n + __popc(mask & ((1u << lane) - 1u));
-        if (hit && pos < MMA_EXPERT_MAX_TOKENS) list[pos] = s;
-        n += __popc(mask);
+    for (int base = 0; base < routed; base += 32 * SLOT_ID_LOADS) {
+        int id[SLOT_ID_LOADS];
+#pragma unroll
+        for (int k = 0; k < SLOT_ID_LOADS; ++k) {
+            const int s = base + 32 * k + lane;
+            id[k] = s < routed ? __ldg(a.ids + s) : -1;
+        }
+#pragma unroll
+        for (int k = 0; k < SLOT_ID_LOADS; ++k) {
+            const int s = base + 32 * k + lane;
+            const bool hit = id[k] == e;
+            const unsigned mask = __ballot_sync(0xffffffffu, hit);
+            first = first && __ballot_sync(0xffffffffu, hit && s < x) == 0u;
+            const int pos = n + __popc(mask & ((1u << lane) - 1u));
+            if (hit && pos < MMA_EXPERT_MAX_TOKENS) list[pos] = s;
+            n += __popc(mask);
+        }
     }
     __syncwarp();
     return first ? min(n, MMA_EXPERT_MAX_TOKENS) : 0;
 }
 
-// The tile pair of the block over n <= 8 of the expert's slots (`list`), one MMA column each.
-__device__ __forceinline__ void gate_up_tiles(const BankArgs& a, const Mat& m, int e, const int* list, int n) {
+// The first MMA_EXPERT_AHEAD column blocks of the warp's loads of the block's tile pair.
+struct GateUpLoads {
+    TilePart buf[MMA_EXPERT_AHEAD][2];
+    __device__ __forceinline__ void load(const Mat& m, int e, int i, int blk) {
+        const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3, j0 = 16 * blockIdx.y;
+        buf[i][0] = tile_load(m, e, j0, blk, g, t);
+        buf[i][1] = tile_load(m, e, m.rows / 2 + j0, blk, g, t);
+    }
+    __device__ __forceinline__ void start(const Mat& m, int e) {
+        const int warp = threadIdx.x >> 5;
+#pragma unroll
+        for (int i = 0; i < MMA_EXPERT_AHEAD; ++i) {
+            const int blk = warp + MMA_EXPERT_WARPS * i;
+            if (blk < m.cols / 128) load(m, e, i, blk);
+        }
+    }
+};
+
+// The tile pair of the block over n <= 8 of the expert's slots (`list`), one MMA column each,
+// its first loads issued by `ld.start`.
+__device__ __forceinline__ void gate_up_tiles(const BankArgs& a, const Mat& m, int e, const int* list, int n, GateUpLoads& ld) {
     __shared__ float part[MMA_EXPERT_WARPS][2][4][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -162,16 +198,6 @@ __device__ __forceinline__ void gate_up_tiles(const BankArgs& a, const Mat& m, i
         xr = a.x + (size_t)(s < routed ? s / a.topk : s - routed) * a.ldx;
     }
     // Warp w takes the column blocks w, w + 4, ..., MMA_EXPERT_AHEAD of them in flight.
-    TilePart buf[MMA_EXPERT_AHEAD][2];
-    auto load = [&](int i, int blk) {
-        buf[i][0] = tile_load(m, e, j0, blk, g, t);
-        buf[i][1] = tile_load(m, e, inter + j0, blk, g, t);
-    };
-#pragma unroll
-    for (int i = 0; i < MMA_EXPERT_AHEAD; ++i) {
-        const int blk = warp + MMA_EXPERT_WARPS * i;
-        if (blk < blocks_k) load(i, blk);
-    }
     float d[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     for (int base = warp; base < blocks_k; base += MMA_EXPERT_WARPS * MMA_EXPERT_AHEAD) {
 #pragma unroll
@@ -179,9 +205,9 @@ __device__ __forceinline__ void gate_up_tiles(const BankArgs& a, const Mat& m, i
             const int blk = base + MMA_EXPERT_WARPS * i;
             if (blk >= blocks_k) break;
             // Used, then reloaded: no copy of the block held beside the loads in flight.
-            block_mma<2>(d, buf[i], xr ? xr + blk * 128 + 32 * t : nullptr);
+            block_mma<2>(d, ld.buf[i], xr ? xr + blk * 128 + 32 * t : nullptr);
             const int next = blk + MMA_EXPERT_WARPS * MMA_EXPERT_AHEAD;
-            if (next < blocks_k) load(i, next);
+            if (next < blocks_k) ld.load(m, e, i, next);
         }
     }
     // The warps' partials summed in warp order by warp 0. C: d[u][0..1] are row g at columns
@@ -211,29 +237,44 @@ __device__ __forceinline__ void gate_up_tiles(const BankArgs& a, const Mat& m, i
     __syncthreads();  // `part` is the next call's
 }
 
-// After the wait, this block's expert and slots (expert_slots), and `pass(m, e, list, count)`
-// over them 8 at a time (an expert's second pass reads its weights from L2); returns the slot
-// count, -1 for a slot whose id is outside [0, E). Both kernels' blocks start here.
-template <typename Pass>
-__device__ __forceinline__ int expert_passes(const BankArgs& a, Pass pass) {
+// After the wait, this block's expert (block_expert), its first weights (`ld.start(m, e)`),
+// then its slots (expert_slots), and `pass(m, e, list, count)` over them 8 at a time (an
+// expert's second pass reads its weights from L2); returns the slot count, -1 for a slot whose
+// id is outside [0, E). Both kernels' blocks start here. The weights are asked for before the
+// slots are listed, so the list's round trip overlaps theirs; a block whose expert an earlier
+// slot's block runs has asked for the same weights as that block, mostly at the same time.
+template <typename Loads, typename Pass>
+__device__ __forceinline__ int expert_passes(const BankArgs& a, Loads& ld, Pass pass) {
     __shared__ int lists[MMA_EXPERT_WARPS][MMA_EXPERT_MAX_TOKENS];
     grid_wait();
     grid_release();  // after the wait: the per-slot down reads the routing before its own (header)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int* list = lists[warp];
-    int e = 0;
-    const int n = expert_slots(a, lane, list, e);
+    const int e = block_expert(a);
+    if (e < 0) return -1;
     const Mat& m = (int)blockIdx.x == a.tokens * a.topk ? a.shared : a.bank;
-    for (int c0 = 0; c0 < n; c0 += 8) pass(m, e, list + c0, min(n - c0, 8));
+    ld.start(m, e);
+    const int n = expert_slots(a, e, lane, list);
+    for (int c0 = 0; c0 < n; c0 += 8) {
+        if (c0 > 0) ld.start(m, e);
+        pass(m, e, list + c0, min(n - c0, 8));
+    }
     return n;
 }
 
 __device__ __forceinline__ void gate_up_mma_body(const BankArgs& a) {
-    const int n = expert_passes(a, [&](const Mat& m, int e, const int* list, int count) { gate_up_tiles(a, m, e, list, count); });
+    GateUpLoads ld;
+    const int n = expert_passes(a, ld, [&](const Mat& m, int e, const int* list, int count) { gate_up_tiles(a, m, e, list, count, ld); });
     // An id outside [0, E): this slot's rows are zero.
     if (n < 0 && threadIdx.x < 16)
         static_cast<bf16*>(a.y)[(size_t)blockIdx.x * (a.bank.rows / 2) + 16 * blockIdx.y + threadIdx.x] = f2bf(0.f);
 }
+
+// down asks for its weights only once its slots are listed: holding a tile's four blocks of
+// loads across the list spills at its 64 registers.
+struct NoEarlyLoads {
+    __device__ __forceinline__ void start(const Mat&, int) {}
+};
 
 // The down bank's 16-row tiles of this warp (tiles blockIdx.y * 4 + warp, + 4 * gridDim.y, ...)
 // over n <= 8 of the expert's slots (`list`), one MMA column each, all of K = I (a multiple of
@@ -267,7 +308,8 @@ __device__ __forceinline__ void down_tiles(const BankArgs& a, const Mat& m, int 
 }
 
 __device__ __forceinline__ void down_mma_body(const BankArgs& a) {
-    expert_passes(a, [&](const Mat& m, int e, const int* list, int count) { down_tiles(a, m, e, list, count); });
+    NoEarlyLoads ld;
+    expert_passes(a, ld, [&](const Mat& m, int e, const int* list, int count) { down_tiles(a, m, e, list, count); });
 }
 
 // Five blocks per SM (at most 102 registers; 92 without spilling).
