@@ -270,30 +270,38 @@ __device__ __forceinline__ void gate_up_mma_body(const BankArgs& a) {
         static_cast<bf16*>(a.y)[(size_t)blockIdx.x * (a.bank.rows / 2) + 16 * blockIdx.y + threadIdx.x] = f2bf(0.f);
 }
 
-// down asks for its weights only once its slots are listed: holding a tile's four blocks of
-// loads across the list spills at its 64 registers.
-struct NoEarlyLoads {
-    __device__ __forceinline__ void start(const Mat&, int) {}
+// Four 128-column blocks of loads of one of the warp's down tiles; `start` asks for the first.
+struct DownLoads {
+    TilePart w[4][1];
+    __device__ __forceinline__ void load(const Mat& m, int e, int p, int b0) {
+        const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i][0] = tile_load(m, e, 16 * p, b0 + i, g, t);
+    }
+    __device__ __forceinline__ void start(const Mat& m, int e) {
+        const int p = blockIdx.y * MMA_EXPERT_WARPS + (threadIdx.x >> 5);
+        if (p < m.rows / 16) load(m, e, p, 0);
+    }
 };
 
 // The down bank's 16-row tiles of this warp (tiles blockIdx.y * 4 + warp, + 4 * gridDim.y, ...)
 // over n <= 8 of the expert's slots (`list`), one MMA column each, all of K = I (a multiple of
-// 512) in blocks of 128 columns, four of them in flight:
-// part[slot, row] = route_w[slot] * (x[slot] . W[e][row]).
-__device__ __forceinline__ void down_tiles(const BankArgs& a, const Mat& m, int e, const int* list, int n) {
+// 512) in blocks of 128 columns, four of them in flight, the first four asked for by
+// `ld.start`: part[slot, row] = route_w[slot] * (x[slot] . W[e][row]).
+__device__ __forceinline__ void down_tiles(const BankArgs& a, const Mat& m, int e, const int* list, int n, DownLoads& ld) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int tiles = m.rows / 16, blocks_k = m.cols / 128;
     float* out = static_cast<float*>(a.y);
     const bf16* xr = g < n ? a.x + (size_t)list[g] * a.ldx + 32 * t : nullptr;
+    bool started = true;
     for (int p = blockIdx.y * MMA_EXPERT_WARPS + warp; p < tiles; p += MMA_EXPERT_WARPS * gridDim.y) {
         float d[1][4] = {{0.f, 0.f, 0.f, 0.f}};
         for (int b0 = 0; b0 < blocks_k; b0 += 4) {
-            TilePart w[4][1];
+            if (!started) ld.load(m, e, p, b0);
+            started = false;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) w[i][0] = tile_load(m, e, 16 * p, b0 + i, g, t);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) block_mma<1>(d, w[i], xr ? xr + (b0 + i) * 128 : nullptr);
+            for (int i = 0; i < 4; ++i) block_mma<1>(d, ld.w[i], xr ? xr + (b0 + i) * 128 : nullptr);
         }
         // C: d[0][0..1] are row g at columns 2t, 2t + 1; d[0][2..3] the same of row g + 8.
 #pragma unroll
@@ -308,18 +316,18 @@ __device__ __forceinline__ void down_tiles(const BankArgs& a, const Mat& m, int 
 }
 
 __device__ __forceinline__ void down_mma_body(const BankArgs& a) {
-    NoEarlyLoads ld;
-    expert_passes(a, ld, [&](const Mat& m, int e, const int* list, int count) { down_tiles(a, m, e, list, count); });
+    DownLoads ld;
+    expert_passes(a, ld, [&](const Mat& m, int e, const int* list, int count) { down_tiles(a, m, e, list, count, ld); });
 }
 
 // Five blocks per SM (at most 102 registers; 92 without spilling).
 extern "C" __global__ void __launch_bounds__(MMA_EXPERT_WARPS * 32, 5) ninfer_moe_gate_up_mma_nvfp4(BankArgs a) {
     gate_up_mma_body(a);
 }
-// Eight blocks per SM (at most 64 registers: 24 bytes spilled). At 16 tokens the running
+// Six blocks per SM (at most 80 registers, no spill). At 16 tokens the running
 // blocks (one per chosen expert and 64 rows) take more than one wave; fewer blocks of two or
 // four tiles a warp, in one wave, were slower (launcher, experts.rs).
-extern "C" __global__ void __launch_bounds__(MMA_EXPERT_WARPS * 32, 8) ninfer_moe_down_mma_nvfp4(BankArgs a) {
+extern "C" __global__ void __launch_bounds__(MMA_EXPERT_WARPS * 32, 6) ninfer_moe_down_mma_nvfp4(BankArgs a) {
     down_mma_body(a);
 }
 
