@@ -18,9 +18,9 @@ Needs torch with CUDA (for its profiler) and a CUDA build of ninfer.
 kernels, with dependent launch), to tell what the graph changes in a kernel's cost.
 `--concurrency C` traces the steps of C requests decoding together (C greedy requests of
 `--steps` tokens after `--prompt`-token prompts, through `Engine` as `ninfer bench`'s tg128 xC
-runs them, after one untraced round). Steps are kept by their launch count, as for one
-sequence, so a step of fewer rows that runs the same launches (the same kernels' row buckets)
-is counted with the steps of all C rows.
+runs them, after one untraced round). Passes that walk a prompt segment are set aside, and
+steps are kept by their launch count, as for one sequence, so a step of fewer rows that runs
+the same launches (the same kernels' row buckets) is counted with the steps of all C rows.
 """
 
 from __future__ import annotations
@@ -88,8 +88,16 @@ def kernel_events(prof) -> list[dict]:
     return sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
 
 
+# A pass that runs this walks a segment of GDN_CHUNK_MIN (12) or more tokens: a prompt pass, or
+# one that mixes a prompt with decode rows, never a decode step.
+PROMPT_KERNEL = "ninfer_gdn_chunked"
+
+
 def split_steps(kernels: list[dict]) -> list[list[dict]]:
-    """The traced kernels cut into steps at the host gaps; only steps of the usual length."""
+    """The traced kernels cut into steps at the host gaps; of the passes without a prompt
+    segment, those of the usual length. C requests started together prefill in passes of as
+    many launches each, which can outnumber the decode steps of all C rows (and did at 16
+    requests of 512 tokens and 24 steps), so prompt passes are set aside first."""
     steps, cur, end = [], [], None
     for k in kernels:
         if cur and k["ts"] - end > STEP_GAP_US:
@@ -99,6 +107,9 @@ def split_steps(kernels: list[dict]) -> list[list[dict]]:
         end = k["ts"] + k["dur"] if end is None else max(end, k["ts"] + k["dur"])
     if cur:
         steps.append(cur)
+    steps = [s for s in steps if not any(k["name"] == PROMPT_KERNEL for k in s)]
+    if not steps:
+        return []
     usual = statistics.mode(len(s) for s in steps)
     return [s for s in steps if len(s) == usual]
 
