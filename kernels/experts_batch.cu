@@ -294,12 +294,12 @@ __device__ __forceinline__ void down_tiles(const BankArgs& a, const Mat& m, int 
     const int tiles = m.rows / 16, blocks_k = m.cols / 128;
     float* out = static_cast<float*>(a.y);
     const bf16* xr = g < n ? a.x + (size_t)list[g] * a.ldx + 32 * t : nullptr;
-    bool started = true;
+    bool preloaded = true;  // the warp's first four blocks, by ld.start
     for (int p = blockIdx.y * MMA_EXPERT_WARPS + warp; p < tiles; p += MMA_EXPERT_WARPS * gridDim.y) {
         float d[1][4] = {{0.f, 0.f, 0.f, 0.f}};
         for (int b0 = 0; b0 < blocks_k; b0 += 4) {
-            if (!started) ld.load(m, e, p, b0);
-            started = false;
+            if (!preloaded) ld.load(m, e, p, b0);
+            preloaded = false;
 #pragma unroll
             for (int i = 0; i < 4; ++i) block_mma<1>(d, ld.w[i], xr ? xr + (b0 + i) * 128 : nullptr);
         }
