@@ -96,8 +96,8 @@ PROMPT_KERNEL = "ninfer_gdn_chunked"
 def split_steps(kernels: list[dict]) -> list[list[dict]]:
     """The traced kernels cut into steps at the host gaps; of the passes without a prompt
     segment, those of the usual length. C requests started together prefill in passes of as
-    many launches each, which can outnumber the decode steps of all C rows (and did at 16
-    requests of 512 tokens and 24 steps), so prompt passes are set aside first."""
+    many launches each, whose count can be the trace's most common (it was at 16 requests of
+    512 tokens and 24 steps), so prompt passes are set aside first."""
     steps, cur, end = [], [], None
     for k in kernels:
         if cur and k["ts"] - end > STEP_GAP_US:
