@@ -32,6 +32,20 @@
 //   convolves) its row i. Launch: block 256, dynamic shared memory stages * 16 * (K + 32 + K /
 //   16 + 16) bytes, grid at most ceil(N / 16) (the blocks resident at once).
 //
+// ninfer_gemv_q8_g32_gnorm_bulk_route_b1 / _bulk_route_b1  (GatedRouteArgs / GemvRouteArgs:
+//   GatedArgs / GemvArgs, then RouterFold of route_fold.cuh)
+//   ninfer_gemv_q8_g32_gnorm_bulk_b1 / gemv.cu's ninfer_gemv_q8_g32_bulk_b1 added into h
+//   (accumulate; a mixer's output projection, N = H), then the MoE router of the same layer on
+//   the new h (model-spec.md 2.1 and 2.5 step 1): a = bf16(h / rms(h) (1 + norm_w)) into a_out
+//   (ninfer_rms_norm's bits) and, for the `experts` bf16 rows of r ([experts, H], experts <=
+//   512), logits[e] = bf16(inv_rms(h) * sum_d r[e, d] (1 + norm_w[d]) h[d]): the normed router
+//   product without a's rounding, so not its bits (the bf16 of the same sum in another form).
+//   Every block adds its rows' share of each sum into acc as an int64 of 2^-32, so the sums
+//   do not depend on the blocks' order; the last block to take a ticket norms h, stores a
+//   and the logits, and sets acc and the ticket back to zero: both must be zero at launch
+//   (allocated zeroed), and launches sharing them run one after the other. N % 8 == 0, N <=
+//   8192, |sum| < 2^31. Launch: as the kernel it extends.
+//
 // ninfer_gemv_q8_g32_norm_bulk_b8, _norm_conv_bulk_b8  (GemvNormArgs / NormConvArgs; 2-8 rows,
 //   K % 256 == 0, K <= 4096)
 //   ninfer_gemv_q8_g32_norm_mma_b8 / _norm_conv_mma_b8 (below) on gemv_bulk.cuh's
@@ -76,6 +90,7 @@
 #include "conv.cuh"
 #include "gemv_bulk.cuh"
 #include "rms.cuh"
+#include "route_fold.cuh"
 
 #define FUSED_MAX_K BULK_MAX_K
 #define FUSED_THREADS BULK_THREADS
@@ -305,8 +320,38 @@ __device__ __forceinline__ void gnorm_body(const GatedArgs& a) {
 
 // The same on bulk_product, which turns the row into f16 in place once `fill` returns: so the
 // fill waits on the cluster barrier itself, after which no neighbour reads this block's heads.
-__device__ __forceinline__ void gnorm_bulk_body(const GatedArgs& a) {
-    bulk_product(a.g, [&](bf16* xs) { fill_gated(xs, a, 1, a.g.m.cols); cooperative_groups::this_cluster().barrier_wait(); }, [](int, float) {});
+__device__ __forceinline__ auto gated_bulk_fill(const GatedArgs& a) {
+    return [&a](bf16* xs) {
+        fill_gated(xs, a, 1, a.g.m.cols);
+        cooperative_groups::this_cluster().barrier_wait();
+    };
+}
+
+__device__ __forceinline__ void gnorm_bulk_body(const GatedArgs& a) { bulk_product(a.g, gated_bulk_fill(a), [](int, float) {}); }
+
+struct GatedRouteArgs {
+    GatedArgs g;
+    RouterFold f;
+};
+static_assert(sizeof(GatedRouteArgs) == 176, "mirrored in crates/ninfer-kernels/src/fused.rs");
+
+struct GemvRouteArgs {
+    GemvArgs g;
+    RouterFold f;
+};
+static_assert(sizeof(GemvRouteArgs) == 144, "mirrored in crates/ninfer-kernels/src/fused.rs");
+
+// bulk_product adding into h (accumulate) with the router folded in (route_fold.cuh): thread i
+// keeps the row it stores, read back as stored, then the block adds its share.
+template <typename Fill>
+__device__ __forceinline__ void bulk_route(const GemvArgs& g, const RouterFold& f, Fill fill) {
+    __shared__ float hx[BULK_THREADS];
+    const BulkRows rows = bulk_rows(g.m.rows);
+    FoldShare s;
+    s.start(f, g.m.rows, rows.begin, rows.end - rows.begin);
+    const bf16* h = static_cast<const bf16*>(g.y);
+    bulk_product(g, fill, [&](int row, float) { fold_keep(hx, s, h[row]); });
+    fold_finish(f, s, hx, h, g.m.rows);
 }
 
 // The same for a batch of 2-8 rows on bulk_rows_product: its rows at the start of the dynamic
@@ -469,6 +514,12 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_bulk_b
 extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_conv_bulk_b1(NormConvArgs a) { norm_conv_body<EncQ8, true>(a); }
 extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_b1(GatedArgs a) {
     gnorm_bulk_body(a);
+}
+extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_route_b1(GatedRouteArgs a) {
+    bulk_route(a.g.g, a.f, gated_bulk_fill(a.g));
+}
+extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_bulk_route_b1(GemvRouteArgs a) {
+    bulk_route(a.g, a.f, [&](bf16* xs) { copy_row(xs, a.g.x, a.g.m.cols); });
 }
 extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_b8(GatedArgs a) {
     gnorm_bulk_rows_body(a);

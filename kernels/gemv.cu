@@ -377,15 +377,8 @@ extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q6_g64_mma_b16(Gem
 NINFER_GEMV_ALL(q4_g32, EncQ4)
 NINFER_GEMV_ALL(nvfp4, EncNvfp4)
 
-// One row of x copied into the block's shared memory as bulk_product's row: thread i the
-// chunks i, i + 256, ... (those it converts to f16 next).
 extern "C" __global__ void __launch_bounds__(BULK_THREADS) ninfer_gemv_q8_g32_bulk_b1(GemvArgs a) {
-    bulk_product(
-        a,
-        [&](bf16* xs) {
-            for (int c = threadIdx.x; c < a.m.cols / 8; c += BULK_THREADS) *reinterpret_cast<uint4*>(xs + c * 8) = ldg16(a.x + c * 8);
-        },
-        [](int, float) {});
+    bulk_product(a, [&](bf16* xs) { copy_row(xs, a.x, a.m.cols); }, [](int, float) {});
 }
 
 // A batch's x rows copied into the block's shared memory at NORM_LD(K) (thread i the chunks i,

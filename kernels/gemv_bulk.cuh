@@ -139,6 +139,12 @@ __device__ __forceinline__ void rows_to_f16(bf16* xs, int rows, int k, int ld) {
     }
 }
 
+// One row of x (K elements) copied into the block's shared memory as bulk_product's row: thread
+// i the chunks i, i + 256, ... (those it converts to f16 next).
+__device__ __forceinline__ void copy_row(bf16* xs, const bf16* x, int k) {
+    for (int c = threadIdx.x; c < k / 8; c += BULK_THREADS) *reinterpret_cast<uint4*>(xs + c * 8) = ldg16(x + c * 8);
+}
+
 // One 32-column group of a stage for the rows g and g + 8 (gemv_mma.cuh's MMA k order), its
 // two MMAs summed from zero per n tile and scaled by the rows' f16 scales into acc; xb[n] is
 // this lane's B (x row 8n + g at the group's columns 8t..8t+7, f16).

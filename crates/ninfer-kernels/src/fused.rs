@@ -1,13 +1,14 @@
 //! Launchers of the fused projections (kernels/fused.cu, and `gemv_add` of kernels/gemv.cu):
 //! rows normed inside their product (`gemv_norm`, one row or a batch of up to 16), the same
 //! with the GDN conv in its epilogue (`gemv_norm_conv`), a row gated-normed inside its product
-//! (`gemv_gnorm`), a product added into the residual stream (`gemv_add`).
+//! (`gemv_gnorm`), a product added into the residual stream (`gemv_add`); the last two with
+//! the MoE router of the same layer folded in (`gemv_gnorm_route`, `gemv_add_route`).
 
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, SyncOnDrop};
 use half::bf16;
 
 use crate::gdn::GDN_CONV_WIDTH;
-use crate::gemv::{bulk_cols, is_bulk, rows_ld, span, Encoding, GemvArgs, GemvOut, MatrixView, GEMV_MAX_BATCH, ROWS_PER_BLOCK};
+use crate::gemv::{bulk_cols, is_bulk, rows_ld, span, Encoding, GemvArgs, GemvOut, MatrixView, Weights, GEMV_MAX_BATCH, ROWS_PER_BLOCK};
 use crate::launch::{blocks, device_args, dptr, dptr_mut, Check, Result};
 use crate::loader::KernelSet;
 use crate::table::Kernel;
@@ -45,6 +46,58 @@ struct GatedArgs {
     pad: i32,
 }
 device_args!(GatedArgs, 120);
+
+#[repr(C)]
+struct RouterFoldArgs {
+    r: u64,
+    norm_w: u64,
+    acc: u64,
+    ticket: u64,
+    logits: u64,
+    a_out: u64,
+    experts: i32,
+    eps: f32,
+}
+device_args!(RouterFoldArgs, 56);
+
+#[repr(C)]
+struct GatedRouteArgs {
+    g: GatedArgs,
+    f: RouterFoldArgs,
+}
+device_args!(GatedRouteArgs, 176);
+
+#[repr(C)]
+struct GemvRouteArgs {
+    g: GemvArgs,
+    f: RouterFoldArgs,
+}
+device_args!(GemvRouteArgs, 144);
+
+/// The MoE router that a one-row output projection runs on the row it adds into h
+/// ([`KernelSet::gemv_gnorm_route`], [`KernelSet::gemv_add_route`]): `a = bf16(h / rms(h) · (1
+/// + norm_w))` into `a_out` (the bits of [`KernelSet::rms_norm`]) and `logits[e] = bf16(Σ_d
+/// r[e, d] · (1 + norm_w[d]) · h[d] / rms(h))`, the normed router product without a's rounding
+/// (kernels/route_fold.cuh).
+pub struct RouterFold<'a, 'b> {
+    /// `[experts, h]` bf16 router rows (the routed experts', then the shared expert's gate), at
+    /// most [`FOLD_MAX_EXPERTS`].
+    pub r: &'b MatrixView<'a>,
+    /// `[h]` the post-mixer norm's weight.
+    pub norm_w: CudaView<'a, bf16>,
+    /// `[experts]` the blocks' sums: zero at launch (allocated zeroed), and left zero.
+    pub acc: &'b mut CudaSlice<i64>,
+    /// The blocks' ticket: zero at launch, and left zero.
+    pub ticket: &'b mut CudaSlice<u32>,
+    /// `[experts]` the router logits.
+    pub logits: CudaViewMut<'a, bf16>,
+    /// `[h]` the normed row.
+    pub a_out: CudaViewMut<'a, bf16>,
+    pub eps: f32,
+}
+
+/// The most router rows [`RouterFold`] takes (FOLD_MAX_E in route_fold.cuh).
+pub const FOLD_MAX_EXPERTS: usize = 512;
 
 /// The GDN conv a normed product runs on its rows `lo..lo + w.len() / 4` of each input row
 /// ([`KernelSet::gemv_norm_conv`]), every row a one-token sequence.
@@ -141,7 +194,54 @@ impl KernelSet {
         y: &mut impl DevicePtrMut<bf16>,
         accumulate: bool,
     ) -> Result<()> {
+        self.gnorm_with(stream, w, x, (z, batch, ldz), (norm_w, dim, eps), y, accumulate, None)
+    }
+
+    /// [`KernelSet::gemv_gnorm`] of one row added into `h` (`[w.rows]`, a mixer's output
+    /// projection), then the MoE router of `fold` on the new row, in one launch: q8_g32
+    /// matrices of the bulk-copy kernel, `h` the same bits as without the fold.
+    pub fn gemv_gnorm_route(
+        &self,
+        stream: &CudaStream,
+        w: &MatrixView,
+        x: &impl DevicePtr<bf16>,
+        (z, ldz): (&impl DevicePtr<bf16>, usize),
+        (norm_w, dim, eps): (&impl DevicePtr<bf16>, usize, f32),
+        h: &mut impl DevicePtrMut<bf16>,
+        fold: RouterFold,
+    ) -> Result<()> {
+        self.gnorm_with(stream, w, x, (z, 1, ldz), (norm_w, dim, eps), h, true, Some(fold))
+    }
+
+    /// [`KernelSet::gemv_add`] of one row (`h` `[w.rows]`), then the MoE router of `fold` on
+    /// the new row, in one launch: q8_g32 matrices of the bulk-copy kernel, `h` the same bits
+    /// as [`KernelSet::gemv_add`] gives.
+    pub fn gemv_add_route(&self, stream: &CudaStream, w: &MatrixView, x: &impl DevicePtr<bf16>, h: &mut impl DevicePtrMut<bf16>, fold: RouterFold) -> Result<()> {
+        let c = Check::new(Kernel::GemvQ8BulkRouteB1);
+        c.ensure(bulk_cols(w, 1), || format!("no router fold on a {:?} product of {} columns", w.encoding(), w.cols))?;
+        let hl = h.len();
+        c.len("h", hl, w.rows)?;
+        let (hp, _gh) = dptr_mut(h, stream);
+        let mut fold = fold;
+        let (f, _gf) = fold_args(&c, stream, w.rows, &mut fold)?;
+        self.launch_row(&c, stream, w, x, (1, w.rows), (hp, false, true), (1, 0), |g| GemvRouteArgs { g, f })
+    }
+
+    #[allow(clippy::too_many_arguments)] // gemv_gnorm's, and the fold
+    fn gnorm_with(
+        &self,
+        stream: &CudaStream,
+        w: &MatrixView,
+        x: &impl DevicePtr<bf16>,
+        (z, batch, ldz): (&impl DevicePtr<bf16>, usize, usize),
+        (norm_w, dim, eps): (&impl DevicePtr<bf16>, usize, f32),
+        y: &mut impl DevicePtrMut<bf16>,
+        accumulate: bool,
+        fold: Option<RouterFold>,
+    ) -> Result<()> {
         let c = match (bulk_cols(w, batch), batch) {
+            (true, 1) if fold.is_some() => Check::new(Kernel::GemvQ8GnormBulkRouteB1),
+            (_, _) if fold.is_some() => return Err(Check::new(Kernel::GemvQ8GnormBulkRouteB1).fail(format!("no router fold on a gated-norm product of {batch} rows for {:?} of {} columns", w.encoding(), w.cols))),
             (true, 1) => Check::new(Kernel::GemvQ8GnormBulkB1),
             (false, 1) => fused_check(w, (Kernel::GemvBf16GnormB1, Kernel::GemvQ8GnormB1), "gated-norm")?,
             (true, 2..=BULK_FUSED_MAX_BATCH) => Check::new(Kernel::GemvQ8GnormBulkB8),
@@ -159,7 +259,15 @@ impl KernelSet {
         c.aligned("z", zp, 16)?;
         c.aligned("norm_w", np, 16)?;
         let (dim, ldz) = (c.i32("dim", dim)?, c.i32("ldz", ldz)?);
-        self.launch_row(&c, stream, w, x, (batch, w.rows), (yp, false, accumulate), (GNORM_CLUSTER, batch * rows_ld(w.cols) * 2), |g| GatedArgs { g, z: zp, norm_w: np, dim, eps, ldz, pad: 0 })
+        let (rows, out, grid) = ((batch, w.rows), (yp, false, accumulate), (GNORM_CLUSTER, batch * rows_ld(w.cols) * 2));
+        let gated = |g| GatedArgs { g, z: zp, norm_w: np, dim, eps, ldz, pad: 0 };
+        match fold {
+            None => self.launch_row(&c, stream, w, x, rows, out, grid, gated),
+            Some(mut fold) => {
+                let (f, _gf) = fold_args(&c, stream, w.rows, &mut fold)?;
+                self.launch_row(&c, stream, w, x, rows, out, grid, |g| GatedRouteArgs { g: gated(g), f })
+            }
+        }
     }
 
     /// `y = bf16(y + bf16(x·Wᵀ))` for `batch` rows: a projection added into the residual stream
@@ -176,6 +284,53 @@ impl KernelSet {
     ) -> Result<()> {
         self.gemv_with(stream, w, x, batch, ldx, y, ldy, true)
     }
+}
+
+/// Whether a one-row output projection `out` can run the router `r` on the row it adds into h
+/// ([`RouterFold`]): `out` on the bulk-copy kernel (q8_g32), `r` bf16 rows of `out.rows`.
+pub fn route_fold_takes(out: &MatrixView, r: &MatrixView) -> bool {
+    bulk_cols(out, 1)
+        && r.encoding() == Encoding::Bf16
+        && r.experts == 1
+        && r.cols == out.rows
+        && (1..=FOLD_MAX_EXPERTS).contains(&r.rows)
+        && out.rows.is_multiple_of(8)
+        && out.rows <= NORM_MAX_K
+}
+
+/// The kernel arguments of `fold` for a projection of `h` rows (the new row's length), with the
+/// guards of its device addresses.
+fn fold_args<'s>(c: &Check, stream: &'s CudaStream, h: usize, fold: &'s mut RouterFold) -> Result<(RouterFoldArgs, Vec<SyncOnDrop<'s>>)> {
+    let RouterFold { r, norm_w, acc, ticket, logits, a_out, eps } = fold;
+    let Weights::Bf16 { data } = &r.weights else {
+        return Err(c.fail(format!("the folded router is bf16, got {:?}", r.encoding())));
+    };
+    let experts = r.rows;
+    c.ensure(r.experts == 1 && r.cols == h, || format!("a router of {}x{}x{} for rows of {h}", r.experts, r.rows, r.cols))?;
+    c.ensure((1..=FOLD_MAX_EXPERTS).contains(&experts), || format!("{experts} router rows (1..={FOLD_MAX_EXPERTS})"))?;
+    c.ensure(h.is_multiple_of(8) && h <= NORM_MAX_K, || format!("rows of {h} (a multiple of 8, at most {NORM_MAX_K})"))?;
+    c.len("router", data.len(), experts * h)?;
+    c.len("norm_w", norm_w.len(), h)?;
+    c.len("acc", acc.len(), experts)?;
+    c.len("ticket", ticket.len(), 1)?;
+    c.len("logits", logits.len(), experts)?;
+    c.len("a_out", a_out.len(), h)?;
+    let mut guards = Vec::new();
+    let mut keep = |what: &str, (p, g): (u64, SyncOnDrop<'s>), align: u64| {
+        guards.push(g);
+        c.aligned(what, p, align).map(|()| p)
+    };
+    let args = RouterFoldArgs {
+        r: keep("router", data.device_ptr(stream), 16)?,
+        norm_w: keep("norm_w", norm_w.device_ptr(stream), 16)?,
+        acc: keep("acc", acc.device_ptr_mut(stream), 8)?,
+        ticket: keep("ticket", ticket.device_ptr_mut(stream), 4)?,
+        logits: keep("logits", logits.device_ptr_mut(stream), 2)?,
+        a_out: keep("a_out", a_out.device_ptr_mut(stream), 16)?,
+        experts: experts as i32,
+        eps: *eps,
+    };
+    Ok((args, guards))
 }
 
 /// The most rows a fused bulk-copy product takes (normed, normed with the conv, gated-normed):

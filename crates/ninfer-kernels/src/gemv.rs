@@ -246,7 +246,17 @@ pub(crate) fn is_bulk(k: Kernel) -> bool {
     use Kernel::*;
     matches!(
         k,
-        GemvQ8BulkB1 | GemvQ8NormBulkB1 | GemvQ8NormConvBulkB1 | GemvQ8GnormBulkB1 | GemvQ8GnormBulkB8 | GemvQ8BulkB8 | GemvQ8BulkB16 | GemvQ8NormBulkB8 | GemvQ8NormConvBulkB8
+        GemvQ8BulkB1
+            | GemvQ8NormBulkB1
+            | GemvQ8NormConvBulkB1
+            | GemvQ8GnormBulkB1
+            | GemvQ8GnormBulkB8
+            | GemvQ8GnormBulkRouteB1
+            | GemvQ8BulkRouteB1
+            | GemvQ8BulkB8
+            | GemvQ8BulkB16
+            | GemvQ8NormBulkB8
+            | GemvQ8NormConvBulkB8
     )
 }
 

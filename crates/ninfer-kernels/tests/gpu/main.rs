@@ -16,4 +16,5 @@ mod mats;
 mod moe;
 mod norm;
 mod rope;
+mod route_fold;
 mod sample;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use ninfer_kernels::{
-    gnorm_takes_batch, AttentionBatch, AttnTiles, ConvTail, DeltaForm, GdnDims, GDN_CHUNK_MIN, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, KvCacheOut, MatrixView, PagedKv, Routing, Rows, SeqSlots, Weights,
+    gnorm_takes_batch, route_fold_takes, AttentionBatch, AttnTiles, ConvTail, DeltaForm, GdnDims, GDN_CHUNK_MIN, GemvOut, SamplingRow, GDN_CONV_WIDTH, HeadLayout, KernelSet, KvCacheOut, MatrixView, PagedKv, RouterFold, Routing, Rows, SeqSlots, Weights,
     BATCH_MAX_TOKENS, GEMV_MAX_BATCH, GROUPED_MAX_TOKENS, NORM_BATCH_X,
 };
 
@@ -108,11 +108,30 @@ pub(super) fn linear<O: GemvOut>(
 
 /// Which of a layer's norms run inside the projections next to them (`body`).
 #[derive(Clone, Copy)]
-struct Fuse {
+struct Fuse<'w> {
     /// The pre-mixer norm's weight, applied inside the mixer's first projection.
     norm_in: Option<Span>,
     /// The mixer's output projection adds into h, and the MoE norms h inside its router product.
     add_out: bool,
+    /// The MoE router (and the post-mixer norm's weight) run by the mixer's output projection
+    /// of one token as it adds into h (`RouterFold`): no router launch of its own.
+    route: Option<(&'w DevMat, Span)>,
+}
+
+/// `Fuse::route`'s [`RouterFold`] for router `r` and norm weight `norm` over the workspace's
+/// buffers: the normed row into `a`, the logits into `logits`.
+#[allow(clippy::too_many_arguments)] // the buffers of one workspace, borrowed beside h
+fn router_fold<'a>(
+    cx: &'a Ctx,
+    r: &'a MatrixView<'a>,
+    norm: Span,
+    acc: &'a mut CudaSlice<i64>,
+    ticket: &'a mut CudaSlice<u32>,
+    logits: &'a mut CudaSlice<bf16>,
+    a: &'a mut CudaSlice<bf16>,
+) -> RouterFold<'a, 'a> {
+    let h = cx.dims.h;
+    RouterFold { r, norm_w: cx.arena.bf16(norm), acc, ticket, logits: logits.slice_mut(..r.rows), a_out: a.slice_mut(..h), eps: cx.cfg.rms_norm_eps }
 }
 
 /// The output projection of a mixer over `t` rows: into `delta`, or with `add` straight into
@@ -266,10 +285,13 @@ pub(super) fn layer(cx: &Ctx, lw: &LayerW, st: &mut States, ws: &mut Workspace, 
     };
     let router = lw.moe.router_gate.as_ref().unwrap_or(&lw.moe.router);
     let normed = t == 1 || (t <= GEMV_MAX_BATCH && t * cx.dims.h <= NORM_BATCH_X);
-    let fuse = Fuse {
-        norm_in: (normed && first.takes_norm()).then_some(lw.attn_norm),
-        add_out: normed && router.takes_norm(),
+    let out = match &lw.mixer {
+        MixerW::Gdn(g) => &g.out,
+        MixerW::Attn(at) => &at.o,
     };
+    let add_out = normed && router.takes_norm();
+    let fold = add_out && t == 1 && route_fold_takes(&cx.arena.mat(out), &cx.arena.mat(router));
+    let fuse = Fuse { norm_in: (normed && first.takes_norm()).then_some(lw.attn_norm), add_out, route: fold.then_some((router, lw.moe_norm)) };
     if fuse.norm_in.is_none() {
         cx.ks.rms_norm(cx.s, &ws.h, rows, &cx.arena.bf16(lw.attn_norm), &mut ws.a, rows, eps).map_err(kern)?;
         cx.mark("rms_norm", 0);
@@ -283,7 +305,7 @@ pub(super) fn layer(cx: &Ctx, lw: &LayerW, st: &mut States, ws: &mut Workspace, 
         cx.ks.add_rms_norm(cx.s, &mut ws.h, &ws.delta, rows, &moe_norm, &mut ws.a, rows, eps).map_err(kern)?;
         cx.mark("add_rms_norm", 0);
     }
-    moe(cx, &lw.moe, ws, tb, t, fuse.add_out.then_some(lw.moe_norm))
+    moe(cx, &lw.moe, ws, tb, t, fuse.add_out.then_some(lw.moe_norm), fold)
 }
 
 /// The head over logit rows `c0..c0 + rc` into `ws.logits`: the rows are gathered with the
@@ -301,7 +323,7 @@ pub(super) fn head(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, c0: us
 
 /// Gated DeltaNet mixer (model-spec.md §2.4) into `ws.delta`, or added into `ws.h` with
 /// `fuse.add_out`.
-fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, gi: usize, fuse: Fuse) -> Result<(), BackendError> {
+fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, gi: usize, fuse: Fuse<'_>) -> Result<(), BackendError> {
     let meta = tb.meta;
     let d = cx.dims;
     let (t, h, cd, vd, hv) = (meta.tokens, d.h, d.cd, d.vd, d.hv);
@@ -375,8 +397,16 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, gi:
     if fuse.add_out && ((t == 1 && g.out.takes_norm()) || gnorm_takes_batch(&m, t)) {
         let (z, ldz) = if z_stacked { (ws.proj.slice(..(t - 1) * ld + vd), ld) } else { (ws.z.slice(..t * vd), vd) };
         let x = ws.mix.slice(..t * vd);
-        cx.ks.gemv_gnorm(cx.s, &m, &x, (&z, t, ldz), (&norm_w, d.dv, eps), &mut ws.h.slice_mut(..t * h), true).map_err(kern)?;
-        cx.mark("gdn.out", g.out.bytes());
+        let (hr, norm) = (&mut ws.h.slice_mut(..t * h), (&norm_w, d.dv, eps));
+        let Some((router, moe_norm)) = fuse.route else {
+            cx.ks.gemv_gnorm(cx.s, &m, &x, (&z, t, ldz), norm, hr, true).map_err(kern)?;
+            cx.mark("gdn.out", g.out.bytes());
+            return Ok(());
+        };
+        let r = cx.arena.mat(router);
+        let fold = router_fold(cx, &r, moe_norm, &mut ws.route_acc, &mut ws.route_ticket, &mut ws.router, &mut ws.a);
+        cx.ks.gemv_gnorm_route(cx.s, &m, &x, (&z, ldz), norm, hr, fold).map_err(kern)?;
+        cx.mark("gdn.out+router", g.out.bytes() + router.bytes());
         return Ok(());
     }
     let normed = if z_stacked {
@@ -391,7 +421,7 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, gi:
 }
 
 /// Gated full attention (model-spec.md §2.3) into `ws.delta`.
-fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tables, ai: usize, fuse: Fuse) -> Result<(), BackendError> {
+fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tables, ai: usize, fuse: Fuse<'_>) -> Result<(), BackendError> {
     let meta = tb.meta;
     let d = cx.dims;
     let (t, h, hq, hkv, dd) = (meta.tokens, d.h, d.hq, d.hkv, d.d);
@@ -443,11 +473,18 @@ fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tab
     // Every sequence reads its K and V rows (the longest bounds the others).
     cx.mark("attention", meta.seqs * meta.max_kv * 2 * hkv * dd * 2);
     // Step 7: output projection.
+    if let Some((router, moe_norm)) = fuse.route {
+        let (m, r) = (cx.arena.mat(&at.o), cx.arena.mat(router));
+        let fold = router_fold(cx, &r, moe_norm, &mut ws.route_acc, &mut ws.route_ticket, &mut ws.router, &mut ws.a);
+        cx.ks.gemv_add_route(cx.s, &m, &ws.mix.slice(..hq * dd), &mut ws.h.slice_mut(..h), fold).map_err(kern)?;
+        cx.mark("attn.o+router", at.o.bytes() + router.bytes());
+        return Ok(());
+    }
     out_linear(cx, "attn.o", &at.o, ws.mix.as_view(), (t, hq * dd), (&mut ws.h, &mut ws.delta), fuse.add_out)
 }
 
 /// Sparse MoE block (model-spec.md §2.5), added into the residual `ws.h` in bf16.
-fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, norm: Option<Span>) -> Result<(), BackendError> {
+fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, norm: Option<Span>, folded: bool) -> Result<(), BackendError> {
     let (h, e, k) = (cx.dims.h, cx.dims.e, cx.dims.topk);
     // Router logits, and the shared expert's gate logit in column E of the same rows: one
     // launch of the stacked matrix, or two (with `norm`, a single-token pass, the first norms
@@ -455,9 +492,13 @@ fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, norm: Opt
     // experts' launches (or that has none) is routed by the expert kernels themselves
     // (experts.cu), every other pass by its own launch.
     if let Some(m) = &mw.router_gate {
-        first_linear(cx, "moe.router_gate", m, (&ws.h, &mut ws.a), norm, t, ws.router.as_view_mut(), e + 1)?;
+        if !folded {
+            first_linear(cx, "moe.router_gate", m, (&ws.h, &mut ws.a), norm, t, ws.router.as_view_mut(), e + 1)?;
+        }
     } else {
-        first_linear(cx, "moe.router", &mw.router, (&ws.h, &mut ws.a), norm, t, ws.router.as_view_mut(), e + 1)?;
+        if !folded {
+            first_linear(cx, "moe.router", &mw.router, (&ws.h, &mut ws.a), norm, t, ws.router.as_view_mut(), e + 1)?;
+        }
         if let Some(sh) = &mw.shared {
             linear(cx, "moe.shared_gate", &sh.gate, ws.a.as_view(), t, h, ws.router.slice_mut(e..), e + 1)?;
         }

@@ -251,6 +251,9 @@ pub(super) struct Workspace {
     pub mix: CudaSlice<bf16>,
     /// Router logits plus the shared gate's, `[T, E + 1]`.
     pub router: CudaSlice<bf16>,
+    /// A folded router's sums and ticket (`RouterFold`): zero between launches.
+    pub route_acc: CudaSlice<i64>,
+    pub route_ticket: CudaSlice<u32>,
     pub ids: CudaSlice<i32>,
     pub route_w: CudaSlice<f32>,
     /// SiLU(g)·u of every MoE slot.
@@ -283,6 +286,8 @@ impl Workspace {
             conv: zeros(s, d.conv_elems_ws(), w)?,
             mix: zeros(s, d.mix_elems(), w)?,
             router: zeros(s, t * (d.e + 1), w)?,
+            route_acc: zeros(s, d.e + 1, w)?,
+            route_ticket: zeros(s, 1, w)?,
             ids: zeros(s, t * d.topk, w)?,
             route_w: zeros(s, d.moe_slots(), w)?,
             gu: zeros(s, d.moe_slots() * d.inter, w)?,

@@ -1,0 +1,136 @@
+// The MoE router folded into the one-row output projection ahead of it (fused.cu's _route_b1
+// kernels; the contract is theirs). The router multiplies a = bf16(h / rms(h) (1 + w)), which
+// needs the whole new row h before it can start: a launch of its own. Without a's rounding the
+// product is linear in h, sum_d R[e, d] a[d] = inv_rms(h) sum_d R[e, d] (1 + w[d]) h[d], so each
+// block of the projection adds its own rows' share of every sum as it stores them, and only the
+// norm and the scaling wait for the last block.
+#pragma once
+#include "rms.cuh"
+
+// The largest router (routed experts and the shared expert's gate) and the longest row the
+// fold takes.
+#define FOLD_MAX_E 512
+#define FOLD_MAX_K 8192
+// The sums' fixed point: an int64 of 2^-32 (sums up to 2^31 in size). Integer adds give the
+// same total in every order, so the logits do not depend on which block adds first.
+#define FOLD_ONE 4294967296.0
+
+struct RouterFold {
+    const bf16* r;       // [experts, K] router rows, bf16
+    const bf16* norm_w;  // [K] the post-mixer norm's weight (zero-centred)
+    long long* acc;      // [experts] zero at launch, left zero
+    unsigned* ticket;    // zero at launch, left zero
+    bf16* logits;        // [experts]
+    bf16* a_out;         // [K] the normed row, the experts' input
+    int experts;
+    float eps;
+};
+static_assert(sizeof(RouterFold) == 56, "mirrored in crates/ninfer-kernels/src/fused.rs");
+
+// A block's share of the fold: the first two 8-column chunks of each of its router rows (e =
+// thread, thread + 256) asked for before grid_wait(), the h rows it stores kept as (1 + w) h.
+struct FoldShare {
+    uint4 w[2][2];
+    float wn;  // 1 + w[row] of the row this thread stores
+    int begin, rows;
+
+    // Before grid_wait(): rows [begin, begin + rows) of the projection are this block's.
+    __device__ __forceinline__ void start(const RouterFold& f, int k, int b, int n) {
+        begin = b;
+        rows = n;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int e = threadIdx.x + 256 * i;
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+                if (e < f.experts && 8 * c < rows) w[i][c] = ldg16(f.r + (size_t)e * k + begin + 8 * c);
+        }
+        wn = threadIdx.x < rows ? 1.f + bf2f(f.norm_w[begin + threadIdx.x]) : 0.f;
+    }
+};
+
+// p + the eight bf16 of w times x[0..8), in order.
+__device__ __forceinline__ float dot8(uint4 w, const float* x, float p) {
+    float v[8];
+    unpack_bf8(w, v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) p = fmaf(v[j], x[j], p);
+    return p;
+}
+
+// Thread i's row (begin + i), just stored as `hv`, into the block's shared rows.
+__device__ __forceinline__ void fold_keep(float* hx, const FoldShare& s, bf16 hv) { hx[threadIdx.x] = bf2f(hv) * s.wn; }
+
+// After every row of the block is in hx: its share of each sum into acc; then the last block
+// of the grid to get here norms h (fill_norm's order, so a has ninfer_rms_norm's bits), stores
+// a and the logits, and zeroes acc and the ticket for the next launch.
+__device__ __forceinline__ void fold_finish(const RouterFold& f, const FoldShare& s, const float* hx, const bf16* h, int k) {
+    __shared__ float part[FOLD_MAX_K / 8];
+    __shared__ float inv_s;
+    __shared__ bool last;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int e = threadIdx.x + 256 * i;
+        if (e >= f.experts) continue;
+        float p = 0.f;
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+            if (8 * c < s.rows) p = dot8(s.w[i][c], hx + 8 * c, p);
+        for (int c = 2; 8 * c < s.rows; ++c) p = dot8(ldg16(f.r + (size_t)e * k + s.begin + 8 * c), hx + 8 * c, p);
+        atomicAdd(reinterpret_cast<unsigned long long*>(f.acc + e), (unsigned long long)__float2ll_rn(p * (float)FOLD_ONE));
+    }
+    // The sums and the stored rows before the ticket; the last block's reads after it.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(f.ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int nch = k / 8;
+    uint4 hr[FOLD_MAX_K / 8 / 256];
+#pragma unroll
+    for (int i = 0; i < FOLD_MAX_K / 8 / 256; ++i) {
+        const int c = threadIdx.x + 256 * i;
+        if (c < nch) {
+            hr[i] = __ldcg(reinterpret_cast<const uint4*>(h) + c);
+            float v[8];
+            unpack_bf8(hr[i], v);
+            part[c] = sq8(v);
+        }
+    }
+    long long sum[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int e = threadIdx.x + 256 * i;
+        sum[i] = e < f.experts ? __ldcg(f.acc + e) : 0;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float ss = 0.f;
+        for (int c = threadIdx.x; c < nch; c += NINFER_WARP) ss += part[c];
+        ss = warp_sum1(ss);
+        if (threadIdx.x == 0) inv_s = rsqrtf(ss / (float)k + f.eps);
+    }
+    __syncthreads();
+    const float inv = inv_s;
+#pragma unroll
+    for (int i = 0; i < FOLD_MAX_K / 8 / 256; ++i) {
+        const int c = threadIdx.x + 256 * i;
+        if (c >= nch) break;
+        float v[8], wv[8];
+        unpack_bf8(hr[i], v);
+        unpack_bf8(ldg16(f.norm_w + c * 8), wv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = v[j] * inv * (1.0f + wv[j]);
+        *reinterpret_cast<uint4*>(f.a_out + c * 8) = pack_bf8(v);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int e = threadIdx.x + 256 * i;
+        if (e >= f.experts) continue;
+        f.logits[e] = f2bf((float)((double)sum[i] * ((double)inv / FOLD_ONE)));
+        f.acc[e] = 0;
+    }
+    if (threadIdx.x == 0) *f.ticket = 0u;
+}
