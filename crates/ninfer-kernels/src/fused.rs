@@ -75,10 +75,10 @@ struct GemvRouteArgs {
 device_args!(GemvRouteArgs, 144);
 
 /// The MoE router that a one-row output projection runs on the row it adds into h
-/// ([`KernelSet::gemv_gnorm_route`], [`KernelSet::gemv_add_route`]): `a = bf16(h / rms(h) · (1
-/// + norm_w))` into `a_out` (the bits of [`KernelSet::rms_norm`]) and `logits[e] = bf16(Σ_d
-/// r[e, d] · (1 + norm_w[d]) · h[d] / rms(h))`, the normed router product without a's rounding
-/// (kernels/route_fold.cuh).
+/// ([`KernelSet::gemv_gnorm_route`], [`KernelSet::gemv_add_route`]):
+/// `a = bf16(h / rms(h) · (1 + norm_w))` into `a_out` (the bits of [`KernelSet::rms_norm`]) and
+/// `logits[e] = bf16(Σ_d r[e, d] · (1 + norm_w[d]) · h[d] / rms(h))`, the normed router product
+/// without a's rounding (kernels/route_fold.cuh).
 pub struct RouterFold<'a, 'b> {
     /// `[experts, h]` bf16 router rows (the routed experts', then the shared expert's gate), at
     /// most [`FOLD_MAX_EXPERTS`].
