@@ -1,7 +1,7 @@
 //! fused.cu's _route_b1 kernels: the MoE router folded into a one-row output projection, against
 //! the projection then the normed router product, and against the CPU.
 
-use ninfer_kernels::{bf16, RouterFold};
+use ninfer_kernels::RouterFold;
 
 use crate::common::*;
 use crate::mats::*;
