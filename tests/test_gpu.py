@@ -376,8 +376,8 @@ def test_profile_times_every_launch_of_a_step() -> None:
         times = {t.label: t for t in steps[kind]}
         assert times["head"].launches == 1 and times["embed"].launches == 1, kind
         # Prefill: one pre-mixer norm per layer plus the final one. A decode step norms inside
-        # each mixer's first projection and the router product (the demo's are q8_g32 and
-        # bf16), leaving the final norm.
+        # each mixer's first projection and its output projection, which runs the router (the
+        # demo's projections are q8_g32, its router bf16), leaving the final norm.
         assert times["rms_norm"].launches == (layers + 1 if kind == "prefill" else 1), kind
         assert ("add_rms_norm" in times) == (kind == "prefill"), kind
         assert all(t.ms > 0 and np.isfinite(t.ms) for t in times.values()), kind
