@@ -345,46 +345,27 @@ static_assert(sizeof(GemvRouteArgs) == 144, "mirrored in crates/ninfer-kernels/s
 // keeps the row it stores, read back as stored, then the block adds its share.
 template <typename Fill>
 __device__ __forceinline__ void bulk_route(const GemvArgs& g, const RouterFold& f, Fill fill) {
-    __shared__ FoldSmem<1> sm;
+    __shared__ FoldSmem sm;
     const BulkRows rows = bulk_rows(g.m.rows);
     FoldShare s;
     s.start(f, g.m.rows, rows.begin, rows.end - rows.begin);
     const bf16* h = static_cast<const bf16*>(g.y);
-    bulk_product(g, fill, [&](int row, float) { fold_keep(sm, s, 0, row, h[row]); });
-    fold_finish(f, s, sm, h, g.ldy, 1, g.m.rows);
-}
-
-// The same for a batch of 2-8 rows on bulk_rows_product, whose rows `fill` builds at the start
-// of the dynamic shared memory (row stride NORM_LD(K)).
-template <typename Fill>
-__device__ __forceinline__ void bulk_rows_route(const GemvArgs& g, const RouterFold& f, Fill fill) {
-    extern __shared__ __align__(16) bf16 xs_dyn[];
-    __shared__ FoldSmem<8> sm;
-    const BulkRows rows = bulk_rows(g.m.rows);
-    FoldShare s;
-    s.start(f, g.m.rows, rows.begin, rows.end - rows.begin);
-    const bf16* h = static_cast<const bf16*>(g.y);
-    const int ld = NORM_LD(g.m.cols);
-    bulk_rows_product<1>(
-        g, xs_dyn, ld, bulk_align(g.batch * ld * 2), [&] { fill(xs_dyn, ld); }, [](int) {},
-        [&](int row, int b, float) { fold_keep(sm, s, b, row, h[(size_t)b * g.ldy + row]); });
-    fold_finish(f, s, sm, h, g.ldy, g.batch, g.m.rows);
+    bulk_product(g, fill, [&](int row, float) { fold_keep(sm, s, row, h[row]); });
+    fold_finish(f, s, sm, h, g.m.rows);
 }
 
 // The same for a batch of 2-8 rows on bulk_rows_product: its rows at the start of the dynamic
 // shared memory.
-__device__ __forceinline__ auto gated_rows_fill(const GatedArgs& a) {
-    return [&a](bf16* xs, int ld) {
-        fill_gated(xs, a, a.g.batch, ld);
-        cooperative_groups::this_cluster().barrier_wait();
-    };
-}
-
 __device__ __forceinline__ void gnorm_bulk_rows_body(const GatedArgs& a) {
     extern __shared__ __align__(16) bf16 xs_dyn[];
     const int ld = NORM_LD(a.g.m.cols);
-    const auto fill = gated_rows_fill(a);
-    bulk_rows_product<1>(a.g, xs_dyn, ld, bulk_align(a.g.batch * ld * 2), [&] { fill(xs_dyn, ld); }, [](int) {}, [](int, int, float) {});
+    bulk_rows_product<1>(
+        a.g, xs_dyn, ld, bulk_align(a.g.batch * ld * 2),
+        [&] {
+            fill_gated(xs_dyn, a, a.g.batch, ld);
+            cooperative_groups::this_cluster().barrier_wait();
+        },
+        [](int) {}, [](int, int, float) {});
 }
 
 // The batch's rows normed into xs (row stride NORM_LD(K)), each element as ninfer_rms_norm
@@ -539,12 +520,6 @@ extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds
 }
 extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_bulk_route_b1(GemvRouteArgs a) {
     bulk_route(a.g, a.f, [&](bf16* xs) { copy_row(xs, a.g.x, a.g.m.cols); });
-}
-extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_route_b8(GatedRouteArgs a) {
-    bulk_rows_route(a.g.g, a.f, gated_rows_fill(a.g));
-}
-extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_bulk_route_b8(GemvRouteArgs a) {
-    bulk_rows_route(a.g, a.f, [&](bf16* xs, int ld) { copy_rows(xs, ld, a.g); });
 }
 extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_b8(GatedArgs a) {
     gnorm_bulk_rows_body(a);

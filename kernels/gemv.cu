@@ -381,11 +381,21 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) ninfer_gemv_q8_g32_bu
     bulk_product(a, [&](bf16* xs) { copy_row(xs, a.x, a.m.cols); }, [](int, float) {});
 }
 
+// A batch's x rows copied into the block's shared memory at NORM_LD(K) (thread i the chunks i,
+// i + 256, ... of the rows laid end to end; a loop per row, as rows_to_f16 runs, spilled here).
 template <int NT>
 __device__ __forceinline__ void gemv_bulk_rows(const GemvArgs& a) {
     extern __shared__ __align__(16) bf16 xs_dyn[];
-    const int ld = NORM_LD(a.m.cols);
-    bulk_rows_product<NT>(a, xs_dyn, ld, bulk_align(a.batch * ld * 2), [&] { copy_rows(xs_dyn, ld, a); }, [](int) {}, [](int, int, float) {});
+    const int k = a.m.cols, ld = NORM_LD(k), nch = k / 8;
+    bulk_rows_product<NT>(
+        a, xs_dyn, ld, bulk_align(a.batch * ld * 2),
+        [&] {
+            for (int i = threadIdx.x; i < a.batch * nch; i += BULK_THREADS) {
+                const int b = i / nch, c = i - b * nch;
+                *reinterpret_cast<uint4*>(xs_dyn + (size_t)b * ld + c * 8) = ldg16(a.x + (size_t)b * a.ldx + c * 8);
+            }
+        },
+        [](int) {}, [](int, int, float) {});
 }
 extern "C" __global__ void __launch_bounds__(BULK_THREADS) ninfer_gemv_q8_g32_bulk_b8(GemvArgs a) { gemv_bulk_rows<1>(a); }
 extern "C" __global__ void __launch_bounds__(BULK_THREADS) ninfer_gemv_q8_g32_bulk_b16(GemvArgs a) { gemv_bulk_rows<2>(a); }

@@ -145,17 +145,6 @@ __device__ __forceinline__ void copy_row(bf16* xs, const bf16* x, int k) {
     for (int c = threadIdx.x; c < k / 8; c += BULK_THREADS) *reinterpret_cast<uint4*>(xs + c * 8) = ldg16(x + c * 8);
 }
 
-// A batch's x rows (a.batch of K, row stride a.ldx) copied into the block's shared memory at
-// row stride ld (thread i the chunks i, i + 256, ... of the rows laid end to end; a loop per
-// row, as rows_to_f16 runs, spilled in gemv.cu's batch product).
-__device__ __forceinline__ void copy_rows(bf16* xs, int ld, const GemvArgs& a) {
-    const int nch = a.m.cols / 8;
-    for (int i = threadIdx.x; i < a.batch * nch; i += BULK_THREADS) {
-        const int b = i / nch, c = i - b * nch;
-        *reinterpret_cast<uint4*>(xs + (size_t)b * ld + c * 8) = ldg16(a.x + (size_t)b * a.ldx + c * 8);
-    }
-}
-
 // One 32-column group of a stage for the rows g and g + 8 (gemv_mma.cuh's MMA k order), its
 // two MMAs summed from zero per n tile and scaled by the rows' f16 scales into acc; xb[n] is
 // this lane's B (x row 8n + g at the group's columns 8t..8t+7, f16).

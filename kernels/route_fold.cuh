@@ -1,4 +1,4 @@
-// The MoE router folded into the output projection ahead of it (fused.cu's _route kernels; the
+// The MoE router folded into the output projection ahead of it (fused.cu's _route_b1 kernels; the
 // contract is theirs). The router multiplies a = bf16(h / rms(h) (1 + w)), which needs the
 // whole new row h before it can start: a launch of its own. Without a's rounding the product is
 // linear in h, sum_d R[e, d] a[d] = inv_rms(h) sum_d R[e, d] (1 + w[d]) h[d], so each block of
@@ -8,11 +8,10 @@
 #include "rms.cuh"
 
 // The largest router (routed experts and the shared expert's gate), the most projection rows
-// a block keeps, and the longest rows (one token's, a batch's) the fold takes.
+// a block keeps, and the longest row the fold takes.
 #define FOLD_MAX_E 512
 #define FOLD_BLOCK_ROWS 256
 #define FOLD_MAX_K 8192
-#define FOLD_BATCH_MAX_K 4096
 // The sums' fixed point: an int64 of 2^-32 (sums up to 2^31 in size). Integer adds give the
 // same total in every order, so the logits do not depend on which block adds first.
 #define FOLD_ONE 4294967296.0
@@ -20,23 +19,21 @@
 struct RouterFold {
     const bf16* r;       // [experts, K] router rows, bf16
     const bf16* norm_w;  // [K] the post-mixer norm's weight (zero-centred)
-    long long* acc;      // [batch, experts] zero at launch, left zero
+    long long* acc;      // [experts] zero at launch, left zero
     unsigned* ticket;    // zero at launch, left zero
-    bf16* logits;        // [batch, experts]
-    bf16* a_out;         // [batch, K] the normed rows, the experts' input
+    bf16* logits;        // [experts]
+    bf16* a_out;         // [K] the normed row, the experts' input
     int experts;
     float eps;
 };
 static_assert(sizeof(RouterFold) == 56, "mirrored in crates/ninfer-kernels/src/fused.rs");
 
-// What a block of a fold of at most B rows keeps in shared memory: its projection rows of each
-// batch row as stored, then times (1 + w); a row's chunk sums and 1 / rms in the last block.
-template <int B>
+// What a block keeps in shared memory: its projection rows as stored, then times (1 + w); the
+// row's chunk sums and 1 / rms in the last block.
 struct FoldSmem {
-    static constexpr int MAX_K = B == 1 ? FOLD_MAX_K : FOLD_BATCH_MAX_K;
-    float hx[B][FOLD_BLOCK_ROWS];
-    float part[B * MAX_K / 8];
-    float inv[B];
+    float hx[FOLD_BLOCK_ROWS];
+    float part[FOLD_MAX_K / 8];
+    float inv;
 };
 
 // p + the eight bf16 of w times x[0..8), in order.
@@ -68,47 +65,32 @@ struct FoldShare {
     }
 };
 
-// Projection row `row` of batch row b, just stored as `hv`, into the block's rows.
-template <int B>
-__device__ __forceinline__ void fold_keep(FoldSmem<B>& sm, const FoldShare& s, int b, int row, bf16 hv) {
-    sm.hx[b][row - s.begin] = bf2f(hv);
-}
+// Projection row `row`, just stored as `hv`, into the block's rows.
+__device__ __forceinline__ void fold_keep(FoldSmem& sm, const FoldShare& s, int row, bf16 hv) { sm.hx[row - s.begin] = bf2f(hv); }
 
 // After every row of the block is kept: its share of each sum into acc; then the last block of
-// the grid to get here norms each row of h ([batch, ldh]; fill_norm's and fill_norm_rows' order,
-// so a has ninfer_rms_norm's bits), stores a and the logits, and zeroes acc and the ticket for
-// the next launch.
-template <int B>
-__device__ __forceinline__ void fold_finish(const RouterFold& f, const FoldShare& s, FoldSmem<B>& sm, const bf16* h, int ldh,
-                                            int batch, int k) {
+// the grid to get here norms h (fill_norm's order, so a has ninfer_rms_norm's bits), stores a
+// and the logits, and zeroes acc and the ticket for the next launch.
+__device__ __forceinline__ void fold_finish(const RouterFold& f, const FoldShare& s, FoldSmem& sm, const bf16* h, int k) {
     __shared__ bool last;
     __syncthreads();
-    if ((int)threadIdx.x < s.rows)
-        for (int b = 0; b < batch; ++b) sm.hx[b][threadIdx.x] *= s.wn;
+    if ((int)threadIdx.x < s.rows) sm.hx[threadIdx.x] *= s.wn;
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int e = threadIdx.x + 256 * i;
         if (e >= f.experts) continue;
-        float p[B];
-#pragma unroll
-        for (int b = 0; b < B; ++b) p[b] = 0.f;
+        float p = 0.f;
         const auto chunk = [&](uint4 raw, int c) {
             float w[8];
             unpack_bf8(raw, w);
-#pragma unroll
-            for (int b = 0; b < B; ++b)
-                if (b < batch) p[b] = dot8(w, &sm.hx[b][8 * c], p[b]);
+            p = dot8(w, &sm.hx[8 * c], p);
         };
 #pragma unroll
         for (int c = 0; c < 2; ++c)
             if (8 * c < s.rows) chunk(s.w[i][c], c);
         for (int c = 2; 8 * c < s.rows; ++c) chunk(ldg16(f.r + (size_t)e * k + s.begin + 8 * c), c);
-#pragma unroll
-        for (int b = 0; b < B; ++b)
-            if (b < batch)
-                atomicAdd(reinterpret_cast<unsigned long long*>(f.acc + (size_t)b * f.experts + e),
-                          (unsigned long long)__float2ll_rn(p[b] * (float)FOLD_ONE));
+        atomicAdd(reinterpret_cast<unsigned long long*>(f.acc + e), (unsigned long long)__float2ll_rn(p * (float)FOLD_ONE));
     }
     // The sums and the stored rows before the ticket; the last block's reads after it.
     __threadfence();
@@ -117,60 +99,51 @@ __device__ __forceinline__ void fold_finish(const RouterFold& f, const FoldShare
     __syncthreads();
     if (!last) return;
     __threadfence();
-    constexpr int PER = B * FoldSmem<B>::MAX_K / 8 / 256;
-    const int nch = k / 8, total = batch * nch;
+    constexpr int PER = FOLD_MAX_K / 8 / 256;
+    const int nch = k / 8;
     uint4 hr[PER];
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         const int c = threadIdx.x + 256 * i;
-        if (c < total) {
-            const int b = B == 1 ? 0 : c / nch;
-            hr[i] = __ldcg(reinterpret_cast<const uint4*>(h + (size_t)b * ldh) + (c - b * nch));
+        if (c < nch) {
+            hr[i] = __ldcg(reinterpret_cast<const uint4*>(h) + c);
             float v[8];
             unpack_bf8(hr[i], v);
             sm.part[c] = sq8(v);
         }
     }
-    long long sum[2][B];
+    long long sum[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int e = threadIdx.x + 256 * i;
-#pragma unroll
-        for (int b = 0; b < B; ++b) sum[i][b] = e < f.experts && b < batch ? __ldcg(f.acc + (size_t)b * f.experts + e) : 0;
+        sum[i] = e < f.experts ? __ldcg(f.acc + e) : 0;
     }
     __syncthreads();
-    const int lane = threadIdx.x & 31;
-    for (int b = threadIdx.x >> 5; b < batch; b += 8) {
+    if (threadIdx.x < 32) {
         float ss = 0.f;
-        for (int c = lane; c < nch; c += NINFER_WARP) ss += sm.part[b * nch + c];
+        for (int c = threadIdx.x; c < nch; c += NINFER_WARP) ss += sm.part[c];
         ss = warp_sum1(ss);
-        if (lane == 0) sm.inv[b] = rsqrtf(ss / (float)k + f.eps);
+        if (threadIdx.x == 0) sm.inv = rsqrtf(ss / (float)k + f.eps);
     }
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
         const int c = threadIdx.x + 256 * i;
-        if (c >= total) break;
-        const int b = B == 1 ? 0 : c / nch, cc = c - b * nch;
+        if (c >= nch) break;
         float v[8], wv[8];
         unpack_bf8(hr[i], v);
-        unpack_bf8(ldg16(f.norm_w + cc * 8), wv);
-        const float inv = sm.inv[b];
+        unpack_bf8(ldg16(f.norm_w + c * 8), wv);
+        const float inv = sm.inv;
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = v[j] * inv * (1.0f + wv[j]);
-        *reinterpret_cast<uint4*>(f.a_out + (size_t)b * k + cc * 8) = pack_bf8(v);
+        *reinterpret_cast<uint4*>(f.a_out + c * 8) = pack_bf8(v);
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int e = threadIdx.x + 256 * i;
         if (e >= f.experts) continue;
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-            if (b >= batch) break;
-            const size_t o = (size_t)b * f.experts + e;
-            f.logits[o] = f2bf((float)((double)sum[i][b] * ((double)sm.inv[b] / FOLD_ONE)));
-            f.acc[o] = 0;
-        }
+        f.logits[e] = f2bf((float)((double)sum[i] * ((double)sm.inv / FOLD_ONE)));
+        f.acc[e] = 0;
     }
     if (threadIdx.x == 0) *f.ticket = 0u;
 }

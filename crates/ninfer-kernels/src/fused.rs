@@ -85,24 +85,19 @@ pub struct RouterFold<'a, 'b> {
     pub r: &'b MatrixView<'a>,
     /// `[h]` the post-mixer norm's weight.
     pub norm_w: CudaView<'a, bf16>,
-    /// `[batch, experts]` the blocks' sums: zero at launch (allocated zeroed), and left zero.
+    /// `[experts]` the blocks' sums: zero at launch (allocated zeroed), and left zero.
     pub acc: &'b mut CudaSlice<i64>,
     /// The blocks' ticket: zero at launch, and left zero.
     pub ticket: &'b mut CudaSlice<u32>,
-    /// `[batch, experts]` the router logits.
+    /// `[experts]` the router logits.
     pub logits: CudaViewMut<'a, bf16>,
-    /// `[batch, h]` the normed rows.
+    /// `[h]` the normed row.
     pub a_out: CudaViewMut<'a, bf16>,
     pub eps: f32,
 }
 
 /// The most router rows [`RouterFold`] takes (FOLD_MAX_E in route_fold.cuh).
 pub const FOLD_MAX_EXPERTS: usize = 512;
-
-/// The most rows a folded router takes, and the longest rows of more than one
-/// (FOLD_BATCH_MAX_K in route_fold.cuh).
-pub const FOLD_MAX_BATCH: usize = 8;
-const FOLD_BATCH_MAX_K: usize = 4096;
 
 /// The GDN conv a normed product runs on its rows `lo..lo + w.len() / 4` of each input row
 /// ([`KernelSet::gemv_norm_conv`]), every row a one-token sequence.
@@ -202,35 +197,34 @@ impl KernelSet {
         self.gnorm_with(stream, w, x, (z, batch, ldz), (norm_w, dim, eps), y, accumulate, None)
     }
 
-    /// [`KernelSet::gemv_gnorm`] of `batch` rows (1..=[`FOLD_MAX_BATCH`]) added into `h`
-    /// (`[batch, w.rows]`, a mixer's output projection), then the MoE router of `fold` on the
-    /// new rows, in one launch: q8_g32 matrices of the bulk-copy kernels, `h` the same bits as
-    /// without the fold.
+    /// [`KernelSet::gemv_gnorm`] of one row added into `h` (`[w.rows]`, a mixer's output
+    /// projection), then the MoE router of `fold` on the new row, in one launch: q8_g32
+    /// matrices of the bulk-copy kernel, `h` the same bits as without the fold.
     pub fn gemv_gnorm_route(
         &self,
         stream: &CudaStream,
         w: &MatrixView,
         x: &impl DevicePtr<bf16>,
-        (z, batch, ldz): (&impl DevicePtr<bf16>, usize, usize),
+        (z, ldz): (&impl DevicePtr<bf16>, usize),
         (norm_w, dim, eps): (&impl DevicePtr<bf16>, usize, f32),
         h: &mut impl DevicePtrMut<bf16>,
         fold: RouterFold,
     ) -> Result<()> {
-        self.gnorm_with(stream, w, x, (z, batch, ldz), (norm_w, dim, eps), h, true, Some(fold))
+        self.gnorm_with(stream, w, x, (z, 1, ldz), (norm_w, dim, eps), h, true, Some(fold))
     }
 
-    /// [`KernelSet::gemv_add`] of `batch` dense rows (1..=[`FOLD_MAX_BATCH`]; `h` `[batch,
-    /// w.rows]`), then the MoE router of `fold` on the new rows, in one launch: q8_g32 matrices
-    /// of the bulk-copy kernels, `h` the same bits as [`KernelSet::gemv_add`] gives.
-    pub fn gemv_add_route(&self, stream: &CudaStream, w: &MatrixView, x: &impl DevicePtr<bf16>, batch: usize, h: &mut impl DevicePtrMut<bf16>, fold: RouterFold) -> Result<()> {
-        let c = Check::new(if batch == 1 { Kernel::GemvQ8BulkRouteB1 } else { Kernel::GemvQ8BulkRouteB8 });
-        c.ensure((1..=FOLD_MAX_BATCH).contains(&batch) && bulk_cols(w, batch), || format!("no router fold on {batch} rows of a {:?} product of {} columns", w.encoding(), w.cols))?;
+    /// [`KernelSet::gemv_add`] of one row (`h` `[w.rows]`), then the MoE router of `fold` on
+    /// the new row, in one launch: q8_g32 matrices of the bulk-copy kernel, `h` the same bits
+    /// as [`KernelSet::gemv_add`] gives.
+    pub fn gemv_add_route(&self, stream: &CudaStream, w: &MatrixView, x: &impl DevicePtr<bf16>, h: &mut impl DevicePtrMut<bf16>, fold: RouterFold) -> Result<()> {
+        let c = Check::new(Kernel::GemvQ8BulkRouteB1);
+        c.ensure(bulk_cols(w, 1), || format!("no router fold on a {:?} product of {} columns", w.encoding(), w.cols))?;
         let hl = h.len();
-        c.len("h", hl, batch * w.rows)?;
+        c.len("h", hl, w.rows)?;
         let (hp, _gh) = dptr_mut(h, stream);
         let mut fold = fold;
-        let (f, _gf) = fold_args(&c, stream, (batch, w.rows), &mut fold)?;
-        self.launch_row(&c, stream, w, x, (batch, w.rows), (hp, false, true), (1, batch * rows_ld(w.cols) * 2), |g| GemvRouteArgs { g, f })
+        let (f, _gf) = fold_args(&c, stream, w.rows, &mut fold)?;
+        self.launch_row(&c, stream, w, x, (1, w.rows), (hp, false, true), (1, 0), |g| GemvRouteArgs { g, f })
     }
 
     #[allow(clippy::too_many_arguments)] // gemv_gnorm's, and the fold
@@ -247,7 +241,6 @@ impl KernelSet {
     ) -> Result<()> {
         let c = match (bulk_cols(w, batch), batch) {
             (true, 1) if fold.is_some() => Check::new(Kernel::GemvQ8GnormBulkRouteB1),
-            (true, 2..=FOLD_MAX_BATCH) if fold.is_some() => Check::new(Kernel::GemvQ8GnormBulkRouteB8),
             (_, _) if fold.is_some() => return Err(Check::new(Kernel::GemvQ8GnormBulkRouteB1).fail(format!("no router fold on a gated-norm product of {batch} rows for {:?} of {} columns", w.encoding(), w.cols))),
             (true, 1) => Check::new(Kernel::GemvQ8GnormBulkB1),
             (false, 1) => fused_check(w, (Kernel::GemvBf16GnormB1, Kernel::GemvQ8GnormB1), "gated-norm")?,
@@ -271,7 +264,7 @@ impl KernelSet {
         match fold {
             None => self.launch_row(&c, stream, w, x, rows, out, grid, gated),
             Some(mut fold) => {
-                let (f, _gf) = fold_args(&c, stream, (batch, w.rows), &mut fold)?;
+                let (f, _gf) = fold_args(&c, stream, w.rows, &mut fold)?;
                 self.launch_row(&c, stream, w, x, rows, out, grid, |g| GatedRouteArgs { g: gated(g), f })
             }
         }
@@ -293,13 +286,10 @@ impl KernelSet {
     }
 }
 
-/// Whether an output projection `out` of `batch` rows can run the router `r` on the rows it
-/// adds into h ([`RouterFold`]): `out` on the bulk-copy kernels (q8_g32), `r` bf16 rows of
-/// `out.rows`.
-pub fn route_fold_takes(out: &MatrixView, r: &MatrixView, batch: usize) -> bool {
-    (1..=FOLD_MAX_BATCH).contains(&batch)
-        && bulk_cols(out, batch)
-        && (batch == 1 || out.rows <= FOLD_BATCH_MAX_K)
+/// Whether a one-row output projection `out` can run the router `r` on the row it adds into h
+/// ([`RouterFold`]): `out` on the bulk-copy kernel (q8_g32), `r` bf16 rows of `out.rows`.
+pub fn route_fold_takes(out: &MatrixView, r: &MatrixView) -> bool {
+    bulk_cols(out, 1)
         && r.encoding() == Encoding::Bf16
         && r.experts == 1
         && r.cols == out.rows
@@ -310,7 +300,7 @@ pub fn route_fold_takes(out: &MatrixView, r: &MatrixView, batch: usize) -> bool 
 
 /// The kernel arguments of `fold` for a projection of `h` rows (the new row's length), with the
 /// guards of its device addresses.
-fn fold_args<'s>(c: &Check, stream: &'s CudaStream, (batch, h): (usize, usize), fold: &'s mut RouterFold) -> Result<(RouterFoldArgs, Vec<SyncOnDrop<'s>>)> {
+fn fold_args<'s>(c: &Check, stream: &'s CudaStream, h: usize, fold: &'s mut RouterFold) -> Result<(RouterFoldArgs, Vec<SyncOnDrop<'s>>)> {
     let RouterFold { r, norm_w, acc, ticket, logits, a_out, eps } = fold;
     let Weights::Bf16 { data } = &r.weights else {
         return Err(c.fail(format!("the folded router is bf16, got {:?}", r.encoding())));
@@ -318,14 +308,13 @@ fn fold_args<'s>(c: &Check, stream: &'s CudaStream, (batch, h): (usize, usize), 
     let experts = r.rows;
     c.ensure(r.experts == 1 && r.cols == h, || format!("a router of {}x{}x{} for rows of {h}", r.experts, r.rows, r.cols))?;
     c.ensure((1..=FOLD_MAX_EXPERTS).contains(&experts), || format!("{experts} router rows (1..={FOLD_MAX_EXPERTS})"))?;
-    let max_k = if batch == 1 { NORM_MAX_K } else { FOLD_BATCH_MAX_K };
-    c.ensure(h.is_multiple_of(8) && h <= max_k, || format!("{batch} rows of {h} (a multiple of 8, at most {max_k})"))?;
+    c.ensure(h.is_multiple_of(8) && h <= NORM_MAX_K, || format!("rows of {h} (a multiple of 8, at most {NORM_MAX_K})"))?;
     c.len("router", data.len(), experts * h)?;
     c.len("norm_w", norm_w.len(), h)?;
-    c.len("acc", acc.len(), batch * experts)?;
+    c.len("acc", acc.len(), experts)?;
     c.len("ticket", ticket.len(), 1)?;
-    c.len("logits", logits.len(), batch * experts)?;
-    c.len("a_out", a_out.len(), batch * h)?;
+    c.len("logits", logits.len(), experts)?;
+    c.len("a_out", a_out.len(), h)?;
     let mut guards = Vec::new();
     let mut keep = |what: &str, (p, g): (u64, SyncOnDrop<'s>), align: u64| {
         guards.push(g);

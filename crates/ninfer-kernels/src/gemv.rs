@@ -253,8 +253,6 @@ pub(crate) fn is_bulk(k: Kernel) -> bool {
             | GemvQ8GnormBulkB8
             | GemvQ8GnormBulkRouteB1
             | GemvQ8BulkRouteB1
-            | GemvQ8GnormBulkRouteB8
-            | GemvQ8BulkRouteB8
             | GemvQ8BulkB8
             | GemvQ8BulkB16
             | GemvQ8NormBulkB8
@@ -292,9 +290,7 @@ impl KernelSet {
         let grid = rows.div_ceil(BULK_ROWS).min(per_sm * self.num_sms());
         // One row's product stores a block's row i by its thread i; a batch's, by stages.
         let per_block = rows.div_ceil(grid).next_multiple_of(BULK_ROWS);
-        // A batch's product walks its rows by stages, but a folded router keeps them.
-        let kept = xs == 0 || matches!(c.kernel, Kernel::GemvQ8GnormBulkRouteB8 | Kernel::GemvQ8BulkRouteB8);
-        c.ensure(!kept || per_block <= BULK_MAX_BLOCK_ROWS, || format!("{rows} rows take {per_block} a block on this card, more than the bulk product's {BULK_MAX_BLOCK_ROWS}"))?;
+        c.ensure(xs > 0 || per_block <= BULK_MAX_BLOCK_ROWS, || format!("{rows} rows take {per_block} a block on this card, more than the bulk product's {BULK_MAX_BLOCK_ROWS}"))?;
         Ok((grid as u32, smem))
     }
 }

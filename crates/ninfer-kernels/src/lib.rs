@@ -51,7 +51,7 @@ pub use attention::{
 #[cfg(feature = "build-cubins")]
 pub use experts::{BATCH_MAX_TOKENS, GROUPED_MAX_TOKENS};
 #[cfg(feature = "build-cubins")]
-pub use fused::{gnorm_takes_batch, route_fold_takes, ConvTail, RouterFold, FOLD_MAX_BATCH, FOLD_MAX_EXPERTS, NORM_BATCH_X};
+pub use fused::{gnorm_takes_batch, route_fold_takes, ConvTail, RouterFold, FOLD_MAX_EXPERTS, NORM_BATCH_X};
 #[cfg(feature = "build-cubins")]
 pub use gdn::{DeltaForm, GdnDims, SeqSlots, GDN_CHUNK, GDN_CHUNK_MIN, GDN_CONV_WIDTH, GDN_MAX_DK};
 #[cfg(feature = "build-cubins")]

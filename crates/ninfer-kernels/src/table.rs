@@ -50,8 +50,6 @@ kernel_table! {
     GemvQ8GnormBulkB8 => "fused", "ninfer_gemv_q8_g32_gnorm_bulk_b8";
     GemvQ8GnormBulkRouteB1 => "fused", "ninfer_gemv_q8_g32_gnorm_bulk_route_b1";
     GemvQ8BulkRouteB1 => "fused", "ninfer_gemv_q8_g32_bulk_route_b1";
-    GemvQ8GnormBulkRouteB8 => "fused", "ninfer_gemv_q8_g32_gnorm_bulk_route_b8";
-    GemvQ8BulkRouteB8 => "fused", "ninfer_gemv_q8_g32_bulk_route_b8";
     GemvQ8NormBulkB8 => "fused", "ninfer_gemv_q8_g32_norm_bulk_b8";
     GemvQ8NormConvBulkB8 => "fused", "ninfer_gemv_q8_g32_norm_conv_bulk_b8";
     GemvBf16GnormB1 => "fused", "ninfer_gemv_bf16_gnorm_b1";

@@ -114,16 +114,15 @@ struct Fuse<'w> {
     /// The mixer's output projection adds into h, and the MoE norms h inside its router product.
     add_out: bool,
     /// The MoE router (and the post-mixer norm's weight) run by the mixer's output projection
-    /// of at most 8 tokens as it adds into h (`RouterFold`): no router launch of its own.
+    /// of one token as it adds into h (`RouterFold`): no router launch of its own.
     route: Option<(&'w DevMat, Span)>,
 }
 
-/// `Fuse::route`'s [`RouterFold`] of `t` rows for router `r` and norm weight `norm` over the
-/// workspace's buffers: the normed rows into `a`, the logits into `logits`.
+/// `Fuse::route`'s [`RouterFold`] for router `r` and norm weight `norm` over the workspace's
+/// buffers: the normed row into `a`, the logits into `logits`.
 #[allow(clippy::too_many_arguments)] // the buffers of one workspace, borrowed beside h
 fn router_fold<'a>(
     cx: &'a Ctx,
-    t: usize,
     r: &'a MatrixView<'a>,
     norm: Span,
     acc: &'a mut CudaSlice<i64>,
@@ -132,7 +131,7 @@ fn router_fold<'a>(
     a: &'a mut CudaSlice<bf16>,
 ) -> RouterFold<'a, 'a> {
     let h = cx.dims.h;
-    RouterFold { r, norm_w: cx.arena.bf16(norm), acc, ticket, logits: logits.slice_mut(..t * r.rows), a_out: a.slice_mut(..t * h), eps: cx.cfg.rms_norm_eps }
+    RouterFold { r, norm_w: cx.arena.bf16(norm), acc, ticket, logits: logits.slice_mut(..r.rows), a_out: a.slice_mut(..h), eps: cx.cfg.rms_norm_eps }
 }
 
 /// The output projection of a mixer over `t` rows: into `delta`, or with `add` straight into
@@ -291,7 +290,7 @@ pub(super) fn layer(cx: &Ctx, lw: &LayerW, st: &mut States, ws: &mut Workspace, 
         MixerW::Attn(at) => &at.o,
     };
     let add_out = normed && router.takes_norm();
-    let fold = add_out && route_fold_takes(&cx.arena.mat(out), &cx.arena.mat(router), t);
+    let fold = add_out && t == 1 && route_fold_takes(&cx.arena.mat(out), &cx.arena.mat(router));
     let fuse = Fuse { norm_in: (normed && first.takes_norm()).then_some(lw.attn_norm), add_out, route: fold.then_some((router, lw.moe_norm)) };
     if fuse.norm_in.is_none() {
         cx.ks.rms_norm(cx.s, &ws.h, rows, &cx.arena.bf16(lw.attn_norm), &mut ws.a, rows, eps).map_err(kern)?;
@@ -405,8 +404,8 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, gi:
             return Ok(());
         };
         let r = cx.arena.mat(router);
-        let fold = router_fold(cx, t, &r, moe_norm, &mut ws.route_acc, &mut ws.route_ticket, &mut ws.router, &mut ws.a);
-        cx.ks.gemv_gnorm_route(cx.s, &m, &x, (&z, t, ldz), norm, hr, fold).map_err(kern)?;
+        let fold = router_fold(cx, &r, moe_norm, &mut ws.route_acc, &mut ws.route_ticket, &mut ws.router, &mut ws.a);
+        cx.ks.gemv_gnorm_route(cx.s, &m, &x, (&z, ldz), norm, hr, fold).map_err(kern)?;
         cx.mark("gdn.out+router", g.out.bytes() + router.bytes());
         return Ok(());
     }
@@ -476,8 +475,8 @@ fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tab
     // Step 7: output projection.
     if let Some((router, moe_norm)) = fuse.route {
         let (m, r) = (cx.arena.mat(&at.o), cx.arena.mat(router));
-        let fold = router_fold(cx, t, &r, moe_norm, &mut ws.route_acc, &mut ws.route_ticket, &mut ws.router, &mut ws.a);
-        cx.ks.gemv_add_route(cx.s, &m, &ws.mix.slice(..t * hq * dd), t, &mut ws.h.slice_mut(..t * h), fold).map_err(kern)?;
+        let fold = router_fold(cx, &r, moe_norm, &mut ws.route_acc, &mut ws.route_ticket, &mut ws.router, &mut ws.a);
+        cx.ks.gemv_add_route(cx.s, &m, &ws.mix.slice(..hq * dd), &mut ws.h.slice_mut(..h), fold).map_err(kern)?;
         cx.mark("attn.o+router", at.o.bytes() + router.bytes());
         return Ok(());
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use half::bf16;
 use ninfer_kernels::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use ninfer_kernels::{attention_workspace_len, SamplingRow, ATTN_MAX_SPLITS, FOLD_MAX_BATCH, GDN_CONV_WIDTH};
+use ninfer_kernels::{attention_workspace_len, SamplingRow, ATTN_MAX_SPLITS, GDN_CONV_WIDTH};
 
 use crate::model::{LayerKind, ModelConfig};
 
@@ -286,7 +286,7 @@ impl Workspace {
             conv: zeros(s, d.conv_elems_ws(), w)?,
             mix: zeros(s, d.mix_elems(), w)?,
             router: zeros(s, t * (d.e + 1), w)?,
-            route_acc: zeros(s, FOLD_MAX_BATCH * (d.e + 1), w)?,
+            route_acc: zeros(s, d.e + 1, w)?,
             route_ticket: zeros(s, 1, w)?,
             ids: zeros(s, t * d.topk, w)?,
             route_w: zeros(s, d.moe_slots(), w)?,
