@@ -43,8 +43,11 @@
 //   Every block adds its rows' share of each sum into acc as an int64 of 2^-32, so the sums
 //   do not depend on the blocks' order; the last block to take a ticket norms h, stores a
 //   and the logits, and sets acc and the ticket back to zero: both must be zero at launch
-//   (allocated zeroed), and launches sharing them run one after the other. N % 8 == 0, N <=
-//   8192, |sum| < 2^31. Launch: as the kernel it extends.
+//   (allocated zeroed), and launches sharing them run one after the other. That block then
+//   routes the logits as ninfer_moe_route routes one token: of the first `routed` rows
+//   (routed <= 512) the top-k (topk <= min(routed, 32)) into ids [topk] and route_w [topk],
+//   and with a gate row (experts == routed + 1) its sigmoid into route_w[topk]. N % 8 == 0,
+//   N <= 8192, |sum| < 2^31. Launch: as the kernel it extends.
 //
 // ninfer_gemv_q8_g32_norm_bulk_b8, _norm_conv_bulk_b8  (GemvNormArgs / NormConvArgs; 2-8 rows,
 //   K % 256 == 0, K <= 4096)
@@ -333,13 +336,13 @@ struct GatedRouteArgs {
     GatedArgs g;
     RouterFold f;
 };
-static_assert(sizeof(GatedRouteArgs) == 176, "mirrored in crates/ninfer-kernels/src/fused.rs");
+static_assert(sizeof(GatedRouteArgs) == 200, "mirrored in crates/ninfer-kernels/src/fused.rs");
 
 struct GemvRouteArgs {
     GemvArgs g;
     RouterFold f;
 };
-static_assert(sizeof(GemvRouteArgs) == 144, "mirrored in crates/ninfer-kernels/src/fused.rs");
+static_assert(sizeof(GemvRouteArgs) == 168, "mirrored in crates/ninfer-kernels/src/fused.rs");
 
 // bulk_product adding into h (accumulate) with the router folded in (route_fold.cuh): thread i
 // keeps the row it stores, read back as stored, then the block adds its share.

@@ -36,14 +36,10 @@ struct RoutePick {
     float w;
 };
 
+// The top-k picks of a warp's keys (route_key; lane l holds the experts l + 32 i, 0 for none):
+// topk rounds, each taking the largest remaining key with one warp max reduction.
 template <int PER, bool W>
-__device__ __forceinline__ RoutePick route_pick_n(const bf16* row, int experts, int topk, int lane) {
-    unsigned key[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        const int e = lane + 32 * i;
-        key[i] = e < experts ? route_key(__ldcg(row + e), e) : 0u;
-    }
+__device__ __forceinline__ RoutePick route_keys(unsigned (&key)[PER], int topk, int lane) {
     float top = -INFINITY, sum = 0.f, my_p = 0.f;
     int my_id = 0;
     for (int j = 0; j < topk; ++j) {
@@ -66,6 +62,17 @@ __device__ __forceinline__ RoutePick route_pick_n(const bf16* row, int experts, 
     return {my_id, sum > 0.f ? round_bf(my_p / sum) : 0.f};
 }
 
+template <int PER, bool W>
+__device__ __forceinline__ RoutePick route_pick_n(const bf16* row, int experts, int topk, int lane) {
+    unsigned key[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int e = lane + 32 * i;
+        key[i] = e < experts ? route_key(__ldcg(row + e), e) : 0u;
+    }
+    return route_keys<PER, W>(key, topk, lane);
+}
+
 // route_pick_n with the keys a lane needs for `experts` (a warp-uniform choice).
 template <bool W>
 __device__ __forceinline__ RoutePick route_pick(const bf16* row, int experts, int topk, int lane) {
@@ -73,9 +80,8 @@ __device__ __forceinline__ RoutePick route_pick(const bf16* row, int experts, in
 }
 
 // The shared expert's weight: the sigmoid of its gate logit, stored after the E router logits.
-__device__ __forceinline__ float shared_gate(const bf16* row, int experts) {
-    return round_bf(sigmoid(bf2f(__ldcg(row + experts))));
-}
+__device__ __forceinline__ float gate_weight(bf16 logit) { return round_bf(sigmoid(bf2f(logit))); }
+__device__ __forceinline__ float shared_gate(const bf16* row, int experts) { return gate_weight(__ldcg(row + experts)); }
 
 // Routes one token's row of logits (ninfer_moe_route's contract, by the calling warp): ids and
 // w of token t among `tokens`.

@@ -3,9 +3,11 @@
 // whole new row h before it can start: a launch of its own. Without a's rounding the product is
 // linear in h, sum_d R[e, d] a[d] = inv_rms(h) sum_d R[e, d] (1 + w[d]) h[d], so each block of
 // the projection adds its own rows' share of every sum as it stores them, and only the norm and
-// the scaling wait for the last block.
+// the scaling wait for the last block, which also routes the logits as ninfer_moe_route does, so
+// that the expert kernels after it read their picks instead of routing for themselves.
 #pragma once
 #include "rms.cuh"
+#include "route.cuh"
 
 // The largest router (routed experts and the shared expert's gate), the most projection rows
 // a block keeps, and the longest row the fold takes.
@@ -23,10 +25,14 @@ struct RouterFold {
     unsigned* ticket;    // zero at launch, left zero
     bf16* logits;        // [experts]
     bf16* a_out;         // [K] the normed row, the experts' input
-    int experts;
+    int* ids;            // [topk] ninfer_moe_route's picks of the logits (one token)
+    float* route_w;      // [topk] their weights, then with the gate row the shared expert's
+    int experts;         // router rows: the routed experts, then optionally the shared gate
     float eps;
+    int routed;          // routed experts: experts or experts - 1 (the last row the gate)
+    int topk;
 };
-static_assert(sizeof(RouterFold) == 56, "mirrored in crates/ninfer-kernels/src/fused.rs");
+static_assert(sizeof(RouterFold) == 80, "mirrored in crates/ninfer-kernels/src/fused.rs");
 
 // What a block keeps in shared memory: its projection rows as stored, then times (1 + w); the
 // row's chunk sums and 1 / rms in the last block.
@@ -35,6 +41,7 @@ struct FoldSmem {
     float part[FOLD_MAX_K / 8];
     float inv;
 };
+static_assert(FOLD_MAX_K / 8 >= FOLD_MAX_E, "part takes the routing keys");
 
 // p + the eight bf16 of w times x[0..8), in order.
 __device__ __forceinline__ float dot8(const float (&w)[8], const float* x, float p) {
@@ -68,9 +75,21 @@ struct FoldShare {
 // Projection row `row`, just stored as `hv`, into the block's rows.
 __device__ __forceinline__ void fold_keep(FoldSmem& sm, const FoldShare& s, int row, bf16 hv) { sm.hx[row - s.begin] = bf2f(hv); }
 
+// The top-k of the routed keys in shared memory by the calling warp (lane l the experts l + 32 i).
+template <int PER>
+__device__ __forceinline__ RoutePick fold_route(const unsigned* keys, int routed, int topk, int lane) {
+    unsigned key[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int e = lane + 32 * i;
+        key[i] = e < routed ? keys[e] : 0u;
+    }
+    return route_keys<PER, true>(key, topk, lane);
+}
+
 // After every row of the block is kept: its share of each sum into acc; then the last block of
 // the grid to get here norms h (fill_norm's order, so a has ninfer_rms_norm's bits), stores a
-// and the logits, and zeroes acc and the ticket for the next launch.
+// and the logits, zeroes acc and the ticket for the next launch, and routes the logits.
 __device__ __forceinline__ void fold_finish(const RouterFold& f, const FoldShare& s, FoldSmem& sm, const bf16* h, int k) {
     __shared__ bool last;
     __syncthreads();
@@ -138,12 +157,26 @@ __device__ __forceinline__ void fold_finish(const RouterFold& f, const FoldShare
         for (int j = 0; j < 8; ++j) v[j] = v[j] * inv * (1.0f + wv[j]);
         *reinterpret_cast<uint4*>(f.a_out + c * 8) = pack_bf8(v);
     }
+    // part's sums are all read (the barrier after inv): it takes the routing keys.
+    unsigned* keys = reinterpret_cast<unsigned*>(sm.part);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int e = threadIdx.x + 256 * i;
         if (e >= f.experts) continue;
-        f.logits[e] = f2bf((float)((double)sum[i] * ((double)sm.inv / FOLD_ONE)));
+        const bf16 logit = f2bf((float)((double)sum[i] * ((double)sm.inv / FOLD_ONE)));
+        f.logits[e] = logit;
         f.acc[e] = 0;
+        if (e < f.routed) keys[e] = route_key(logit, e);
+        else f.route_w[f.topk] = gate_weight(logit);
     }
     if (threadIdx.x == 0) *f.ticket = 0u;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const RoutePick p = f.routed <= 256 ? fold_route<8>(keys, f.routed, f.topk, lane) : fold_route<ROUTE_PER_LANE>(keys, f.routed, f.topk, lane);
+        if (lane < f.topk) {
+            f.ids[lane] = p.id;
+            f.route_w[lane] = p.w;
+        }
+    }
 }

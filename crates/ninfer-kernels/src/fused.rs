@@ -11,6 +11,7 @@ use crate::gdn::GDN_CONV_WIDTH;
 use crate::gemv::{bulk_cols, is_bulk, rows_ld, span, Encoding, GemvArgs, GemvOut, MatrixView, Weights, GEMV_MAX_BATCH, ROWS_PER_BLOCK};
 use crate::launch::{blocks, device_args, dptr, dptr_mut, Check, Result};
 use crate::loader::KernelSet;
+use crate::moe::ROUTE_MAX_EXPERTS;
 use crate::table::Kernel;
 
 #[repr(C)]
@@ -55,30 +56,35 @@ struct RouterFoldArgs {
     ticket: u64,
     logits: u64,
     a_out: u64,
+    ids: u64,
+    route_w: u64,
     experts: i32,
     eps: f32,
+    routed: i32,
+    topk: i32,
 }
-device_args!(RouterFoldArgs, 56);
+device_args!(RouterFoldArgs, 80);
 
 #[repr(C)]
 struct GatedRouteArgs {
     g: GatedArgs,
     f: RouterFoldArgs,
 }
-device_args!(GatedRouteArgs, 176);
+device_args!(GatedRouteArgs, 200);
 
 #[repr(C)]
 struct GemvRouteArgs {
     g: GemvArgs,
     f: RouterFoldArgs,
 }
-device_args!(GemvRouteArgs, 144);
+device_args!(GemvRouteArgs, 168);
 
 /// The MoE router that a one-row output projection runs on the row it adds into h
 /// ([`KernelSet::gemv_gnorm_route`], [`KernelSet::gemv_add_route`]):
 /// `a = bf16(h / rms(h) · (1 + norm_w))` into `a_out` (the bits of [`KernelSet::rms_norm`]) and
 /// `logits[e] = bf16(Σ_d r[e, d] · (1 + norm_w[d]) · h[d] / rms(h))`, the normed router product
-/// without a's rounding (kernels/route_fold.cuh).
+/// without a's rounding (kernels/route_fold.cuh); then the routing of those logits that
+/// [`KernelSet::moe_route`] gives one token, into `ids` and `route_w`.
 pub struct RouterFold<'a, 'b> {
     /// `[experts, h]` bf16 router rows (the routed experts', then the shared expert's gate), at
     /// most [`FOLD_MAX_EXPERTS`].
@@ -94,6 +100,14 @@ pub struct RouterFold<'a, 'b> {
     /// `[h]` the normed row.
     pub a_out: CudaViewMut<'a, bf16>,
     pub eps: f32,
+    /// The routed experts among the router rows: all of them, or all but the last, the shared
+    /// expert's gate row.
+    pub routed: usize,
+    pub topk: usize,
+    /// `[topk]` the picks, as [`KernelSet::moe_route`] writes them for one token.
+    pub ids: CudaViewMut<'a, i32>,
+    /// `[topk]` their weights, then (with the gate row) the shared expert's: `[topk + 1]`.
+    pub route_w: CudaViewMut<'a, f32>,
 }
 
 /// The most router rows [`RouterFold`] takes (FOLD_MAX_E in route_fold.cuh).
@@ -301,7 +315,7 @@ pub fn route_fold_takes(out: &MatrixView, r: &MatrixView) -> bool {
 /// The kernel arguments of `fold` for a projection of `h` rows (the new row's length), with the
 /// guards of its device addresses.
 fn fold_args<'s>(c: &Check, stream: &'s CudaStream, h: usize, fold: &'s mut RouterFold) -> Result<(RouterFoldArgs, Vec<SyncOnDrop<'s>>)> {
-    let RouterFold { r, norm_w, acc, ticket, logits, a_out, eps } = fold;
+    let RouterFold { r, norm_w, acc, ticket, logits, a_out, eps, routed, topk, ids, route_w } = fold;
     let Weights::Bf16 { data } = &r.weights else {
         return Err(c.fail(format!("the folded router is bf16, got {:?}", r.encoding())));
     };
@@ -315,6 +329,12 @@ fn fold_args<'s>(c: &Check, stream: &'s CudaStream, h: usize, fold: &'s mut Rout
     c.len("ticket", ticket.len(), 1)?;
     c.len("logits", logits.len(), experts)?;
     c.len("a_out", a_out.len(), h)?;
+    let (routed, topk) = (*routed, *topk);
+    let fits = routed <= experts && experts - routed <= 1 && routed <= ROUTE_MAX_EXPERTS && (1..=routed.min(32)).contains(&topk);
+    c.ensure(fits, || format!("top-{topk} of {routed} routed experts among {experts} router rows"))?;
+    let gate = experts - routed;
+    c.len("ids", ids.len(), topk)?;
+    c.len("route_w", route_w.len(), topk + gate)?;
     let mut guards = Vec::new();
     let mut keep = |what: &str, (p, g): (u64, SyncOnDrop<'s>), align: u64| {
         guards.push(g);
@@ -327,8 +347,12 @@ fn fold_args<'s>(c: &Check, stream: &'s CudaStream, h: usize, fold: &'s mut Rout
         ticket: keep("ticket", ticket.device_ptr_mut(stream), 4)?,
         logits: keep("logits", logits.device_ptr_mut(stream), 2)?,
         a_out: keep("a_out", a_out.device_ptr_mut(stream), 16)?,
+        ids: keep("ids", ids.device_ptr_mut(stream), 4)?,
+        route_w: keep("route_w", route_w.device_ptr_mut(stream), 4)?,
         experts: experts as i32,
         eps: *eps,
+        routed: routed as i32,
+        topk: topk as i32,
     };
     Ok((args, guards))
 }

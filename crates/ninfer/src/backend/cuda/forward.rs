@@ -119,19 +119,30 @@ struct Fuse<'w> {
 }
 
 /// `Fuse::route`'s [`RouterFold`] for router `r` and norm weight `norm` over the workspace's
-/// buffers: the normed row into `a`, the logits into `logits`.
-#[allow(clippy::too_many_arguments)] // the buffers of one workspace, borrowed beside h
+/// buffers (borrowed beside h): the normed row into `a`, the logits into `logits`, their
+/// routing into `ids` and `route_w`.
+#[allow(clippy::type_complexity)]
 fn router_fold<'a>(
     cx: &'a Ctx,
-    r: &'a MatrixView<'a>,
-    norm: Span,
-    acc: &'a mut CudaSlice<i64>,
-    ticket: &'a mut CudaSlice<u32>,
-    logits: &'a mut CudaSlice<bf16>,
-    a: &'a mut CudaSlice<bf16>,
+    (r, norm): (&'a MatrixView<'a>, Span),
+    (acc, ticket): (&'a mut CudaSlice<i64>, &'a mut CudaSlice<u32>),
+    (logits, a): (&'a mut CudaSlice<bf16>, &'a mut CudaSlice<bf16>),
+    (ids, route_w): (&'a mut CudaSlice<i32>, &'a mut CudaSlice<f32>),
 ) -> RouterFold<'a, 'a> {
-    let h = cx.dims.h;
-    RouterFold { r, norm_w: cx.arena.bf16(norm), acc, ticket, logits: logits.slice_mut(..r.rows), a_out: a.slice_mut(..h), eps: cx.cfg.rms_norm_eps }
+    let d = cx.dims;
+    RouterFold {
+        r,
+        norm_w: cx.arena.bf16(norm),
+        acc,
+        ticket,
+        logits: logits.slice_mut(..r.rows),
+        a_out: a.slice_mut(..d.h),
+        eps: cx.cfg.rms_norm_eps,
+        routed: d.e,
+        topk: d.topk,
+        ids: ids.slice_mut(..d.topk),
+        route_w: route_w.slice_mut(..d.topk + r.rows.saturating_sub(d.e)),
+    }
 }
 
 /// The output projection of a mixer over `t` rows: into `delta`, or with `add` straight into
@@ -404,7 +415,7 @@ fn gdn(cx: &Ctx, g: &GdnW, st: &mut States, ws: &mut Workspace, tb: &Tables, gi:
             return Ok(());
         };
         let r = cx.arena.mat(router);
-        let fold = router_fold(cx, &r, moe_norm, &mut ws.route_acc, &mut ws.route_ticket, &mut ws.router, &mut ws.a);
+        let fold = router_fold(cx, (&r, moe_norm), (&mut ws.route_acc, &mut ws.route_ticket), (&mut ws.router, &mut ws.a), (&mut ws.ids, &mut ws.route_w));
         cx.ks.gemv_gnorm_route(cx.s, &m, &x, (&z, ldz), norm, hr, fold).map_err(kern)?;
         cx.mark("gdn.out+router", g.out.bytes() + router.bytes());
         return Ok(());
@@ -475,7 +486,7 @@ fn attention(cx: &Ctx, at: &AttnW, st: &mut States, ws: &mut Workspace, tb: &Tab
     // Step 7: output projection.
     if let Some((router, moe_norm)) = fuse.route {
         let (m, r) = (cx.arena.mat(&at.o), cx.arena.mat(router));
-        let fold = router_fold(cx, &r, moe_norm, &mut ws.route_acc, &mut ws.route_ticket, &mut ws.router, &mut ws.a);
+        let fold = router_fold(cx, (&r, moe_norm), (&mut ws.route_acc, &mut ws.route_ticket), (&mut ws.router, &mut ws.a), (&mut ws.ids, &mut ws.route_w));
         cx.ks.gemv_add_route(cx.s, &m, &ws.mix.slice(..hq * dd), &mut ws.h.slice_mut(..h), fold).map_err(kern)?;
         cx.mark("attn.o+router", at.o.bytes() + router.bytes());
         return Ok(());
@@ -488,9 +499,11 @@ fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, norm: Opt
     let (h, e, k) = (cx.dims.h, cx.dims.e, cx.dims.topk);
     // Router logits, and the shared expert's gate logit in column E of the same rows: one
     // launch of the stacked matrix, or two (with `norm`, a single-token pass, the first norms
-    // h and stores a). Then the routing: a single token whose shared expert rides in the
-    // experts' launches (or that has none) is routed by the expert kernels themselves
-    // (experts.cu), every other pass by its own launch.
+    // h and stores a). Then the routing: a single token whose router the output projection
+    // ran (`folded`) on every router row (the shared gate stacked, or no shared expert) was
+    // routed there too; another single token whose shared expert rides in the experts'
+    // launches (or that has none) is routed by the expert kernels themselves (experts.cu),
+    // every other pass by its own launch.
     if let Some(m) = &mw.router_gate {
         if !folded {
             first_linear(cx, "moe.router_gate", m, (&ws.h, &mut ws.a), norm, t, ws.router.as_view_mut(), e + 1)?;
@@ -503,16 +516,18 @@ fn moe(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, norm: Opt
             linear(cx, "moe.shared_gate", &sh.gate, ws.a.as_view(), t, h, ws.router.slice_mut(e..), e + 1)?;
         }
     }
-    let in_experts = t == 1 && (mw.shared.is_none() || mw.fused);
-    if !in_experts {
+    let routed = folded && (mw.router_gate.is_some() || mw.shared.is_none());
+    let in_experts = !routed && t == 1 && (mw.shared.is_none() || mw.fused);
+    if !routed && !in_experts {
         cx.ks.moe_route(cx.s, &ws.router, e + 1, t, e, k, mw.shared.is_some(), &mut ws.ids, &mut ws.route_w).map_err(kern)?;
         cx.mark("moe.route", 0);
     }
     experts(cx, mw, ws, tb, t, in_experts)
 }
 
-/// The routed and shared experts, added into the residual `ws.h`: of the ids `moe_route`
-/// chose, or with `in_experts` routed by the expert kernels from the one token's logits.
+/// The routed and shared experts, added into the residual `ws.h`: of the ids `moe_route` (or
+/// the folded router) chose, or with `in_experts` routed by the expert kernels from the one
+/// token's logits.
 fn experts(cx: &Ctx, mw: &MoeW, ws: &mut Workspace, tb: &Tables, t: usize, in_experts: bool) -> Result<(), BackendError> {
     let d = cx.dims;
     let (h, e, k) = (d.h, d.e, d.topk);
