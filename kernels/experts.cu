@@ -29,8 +29,10 @@
 //   (route.cuh: warp 0 of every block routes, the block reads its picks from shared memory;
 //   the shared slot's weight is the sigmoid of logit E; gate_up takes only its slot's expert),
 //   and read neither ids nor route_w.
-//   Each block routing for itself spares the router the wait for its last block (a fence, a
-//   counter and a second round trip) ahead of every expert kernel of a decode step.
+//   Each block routing for itself spares a router launch the wait for its last block (a
+//   fence, a counter and a second round trip). A router folded into the output projection
+//   (fused.cu's _route_b1 kernels) has that last block anyway: it routes there, and these
+//   kernels read its ids and route_w.
 //
 // Dependent launch (common.cuh): gate_up's routed slots wait first (their experts are data
 // written by the kernel ahead), its shared slots load first; gate_up lets its dependents start
