@@ -121,7 +121,6 @@ struct Fuse<'w> {
 /// `Fuse::route`'s [`RouterFold`] for router `r` and norm weight `norm` over the workspace's
 /// buffers (borrowed beside h): the normed row into `a`, the logits into `logits`, their
 /// routing into `ids` and `route_w`.
-#[allow(clippy::type_complexity)]
 fn router_fold<'a>(
     cx: &'a Ctx,
     (r, norm): (&'a MatrixView<'a>, Span),
