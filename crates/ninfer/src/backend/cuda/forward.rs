@@ -128,20 +128,10 @@ fn router_fold<'a>(
     (logits, a): (&'a mut CudaSlice<bf16>, &'a mut CudaSlice<bf16>),
     (ids, route_w): (&'a mut CudaSlice<i32>, &'a mut CudaSlice<f32>),
 ) -> RouterFold<'a, 'a> {
-    let d = cx.dims;
-    RouterFold {
-        r,
-        norm_w: cx.arena.bf16(norm),
-        acc,
-        ticket,
-        logits: logits.slice_mut(..r.rows),
-        a_out: a.slice_mut(..d.h),
-        eps: cx.cfg.rms_norm_eps,
-        routed: d.e,
-        topk: d.topk,
-        ids: ids.slice_mut(..d.topk),
-        route_w: route_w.slice_mut(..d.topk + r.rows.saturating_sub(d.e)),
-    }
+    let (d, eps) = (cx.dims, cx.cfg.rms_norm_eps);
+    let (logits, a_out) = (logits.slice_mut(..r.rows), a.slice_mut(..d.h));
+    let (ids, route_w) = (ids.slice_mut(..d.topk), route_w.slice_mut(..d.topk + r.rows.saturating_sub(d.e)));
+    RouterFold { r, norm_w: cx.arena.bf16(norm), acc, ticket, logits, a_out, eps, routed: d.e, topk: d.topk, ids, route_w }
 }
 
 /// The output projection of a mixer over `t` rows: into `delta`, or with `add` straight into
