@@ -25,12 +25,10 @@ __device__ __forceinline__ float key_logit(unsigned k) {
     return bf2f(__ushort_as_bfloat16(b));
 }
 
-// The top-k picks of one token's row of logits by the calling warp (ninfer_moe_route's math):
-// lane j < topk returns pick j, its expert and (with W) its renormalised weight. Logits are
-// read through L2 (`__ldcg`), so a kernel may route rows that the kernel ahead wrote. Each of
-// the topk rounds takes the largest remaining key with one warp max reduction; PER keys a lane
-// (experts <= 32 PER). A kernel that needs only pick j runs j + 1 rounds without W: the same
-// ids, each round's key chain alone on its critical path.
+// The top-k picks of one token by the calling warp (ninfer_moe_route's math): lane j < topk
+// returns pick j, its expert and (with W) its renormalised weight. A kernel that needs only
+// pick j runs j + 1 rounds without W: the same ids, each round's key chain alone on its
+// critical path.
 struct RoutePick {
     int id;
     float w;
@@ -62,6 +60,8 @@ __device__ __forceinline__ RoutePick route_keys(unsigned (&key)[PER], int topk, 
     return {my_id, sum > 0.f ? round_bf(my_p / sum) : 0.f};
 }
 
+// The picks of one token's row of logits, read through L2 (`__ldcg`) so that a kernel may
+// route rows that the kernel ahead wrote; PER keys a lane (experts <= 32 PER).
 template <int PER, bool W>
 __device__ __forceinline__ RoutePick route_pick_n(const bf16* row, int experts, int topk, int lane) {
     unsigned key[PER];
