@@ -34,10 +34,17 @@ struct RoutePick {
     float w;
 };
 
-// The top-k picks of a warp's keys (route_key; lane l holds the experts l + 32 i, 0 for none):
-// topk rounds, each taking the largest remaining key with one warp max reduction.
-template <int PER, bool W>
-__device__ __forceinline__ RoutePick route_keys(unsigned (&key)[PER], int topk, int lane) {
+// The top-k picks of a warp: key_of(e) the routing key of expert e < experts (route_key), lane
+// l holding the keys of experts l + 32 i, PER a lane (experts <= 32 PER); topk rounds, each
+// taking the largest remaining key with one warp max reduction.
+template <int PER, bool W, typename KeyOf>
+__device__ __forceinline__ RoutePick route_keys(KeyOf key_of, int experts, int topk, int lane) {
+    unsigned key[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int e = lane + 32 * i;
+        key[i] = e < experts ? key_of(e) : 0u;
+    }
     float top = -INFINITY, sum = 0.f, my_p = 0.f;
     int my_id = 0;
     for (int j = 0; j < topk; ++j) {
@@ -60,23 +67,17 @@ __device__ __forceinline__ RoutePick route_keys(unsigned (&key)[PER], int topk, 
     return {my_id, sum > 0.f ? round_bf(my_p / sum) : 0.f};
 }
 
-// The picks of one token's row of logits, read through L2 (`__ldcg`) so that a kernel may
-// route rows that the kernel ahead wrote; PER keys a lane (experts <= 32 PER).
-template <int PER, bool W>
-__device__ __forceinline__ RoutePick route_pick_n(const bf16* row, int experts, int topk, int lane) {
-    unsigned key[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        const int e = lane + 32 * i;
-        key[i] = e < experts ? route_key(__ldcg(row + e), e) : 0u;
-    }
-    return route_keys<PER, W>(key, topk, lane);
+// route_keys with the keys a lane needs for `experts` (a warp-uniform choice).
+template <bool W, typename KeyOf>
+__device__ __forceinline__ RoutePick route_by(KeyOf key_of, int experts, int topk, int lane) {
+    return experts <= 256 ? route_keys<8, W>(key_of, experts, topk, lane) : route_keys<ROUTE_PER_LANE, W>(key_of, experts, topk, lane);
 }
 
-// route_pick_n with the keys a lane needs for `experts` (a warp-uniform choice).
+// The picks of one token's row of logits, read through L2 (`__ldcg`) so that a kernel may
+// route rows that the kernel ahead wrote.
 template <bool W>
 __device__ __forceinline__ RoutePick route_pick(const bf16* row, int experts, int topk, int lane) {
-    return experts <= 256 ? route_pick_n<8, W>(row, experts, topk, lane) : route_pick_n<ROUTE_PER_LANE, W>(row, experts, topk, lane);
+    return route_by<W>([row](int e) { return route_key(__ldcg(row + e), e); }, experts, topk, lane);
 }
 
 // The shared expert's weight: the sigmoid of its gate logit, stored after the E router logits.

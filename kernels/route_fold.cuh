@@ -75,18 +75,6 @@ struct FoldShare {
 // Projection row `row`, just stored as `hv`, into the block's rows.
 __device__ __forceinline__ void fold_keep(FoldSmem& sm, const FoldShare& s, int row, bf16 hv) { sm.hx[row - s.begin] = bf2f(hv); }
 
-// The top-k of the routed keys in shared memory by the calling warp (lane l the experts l + 32 i).
-template <int PER>
-__device__ __forceinline__ RoutePick fold_route(const unsigned* keys, int routed, int topk, int lane) {
-    unsigned key[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        const int e = lane + 32 * i;
-        key[i] = e < routed ? keys[e] : 0u;
-    }
-    return route_keys<PER, true>(key, topk, lane);
-}
-
 // After every row of the block is kept: its share of each sum into acc; then the last block of
 // the grid to get here norms h (fill_norm's order, so a has ninfer_rms_norm's bits), stores a
 // and the logits, zeroes acc and the ticket for the next launch, and routes the logits.
@@ -173,7 +161,7 @@ __device__ __forceinline__ void fold_finish(const RouterFold& f, const FoldShare
     __syncthreads();
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
-        const RoutePick p = f.routed <= 256 ? fold_route<8>(keys, f.routed, f.topk, lane) : fold_route<ROUTE_PER_LANE>(keys, f.routed, f.topk, lane);
+        const RoutePick p = route_by<true>([keys](int e) { return keys[e]; }, f.routed, f.topk, lane);
         if (lane < f.topk) {
             f.ids[lane] = p.id;
             f.route_w[lane] = p.w;
