@@ -58,8 +58,10 @@
 //   (lane 4g + t holds columns 16t..16t+15 of rows g and g + 8, 8-byte loads), four groups of
 //   loads in flight per lane, x read from L1.
 //
-//   All four: launch block 256, grid ceil(ceil(N / 16) / 8) or fewer blocks (those resident at
-//   once).
+//   All four: launch block 256, grid ceil(ceil(N / 16) / 8) or fewer blocks. The launcher gives
+//   every warp one tile: a grid of the blocks resident at once (each warp streaming about seven
+//   tiles) made the head's launch in the decode step take 206 µs against 140 (H100, 2026-12-07,
+//   docs/performance-log.md).
 //
 // Dependent launch (common.cuh): the dense kernels load their first weight chunks and ask L2
 // for the rest of their rows before grid_wait(), so a projection's weights stream in while the

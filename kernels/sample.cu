@@ -1,11 +1,19 @@
 // Token selection from f32 logits [rows, ld] over `vocab` entries; out: i32 [rows].
 // NaN logits are never chosen (they rank below every number).
 //
+// ninfer_argmax (grid (ARGMAX_CLUSTER, rows) in clusters of ARGMAX_CLUSTER blocks along x,
+// block ARGMAX_THREADS, no workspace; dependent launch): out[r] = index of the largest logit of
+// row r, ties to the lowest index (all-NaN rows give 0), the same ids as ninfer_sample's
+// argmax below by the same comparison. Block x of row r's cluster takes the ids [x*per,
+// (x+1)*per), per = ceil(vocab / ARGMAX_CLUSTER); block 0 picks among the blocks' bests
+// through distributed shared memory. One launch with no grid-wide barrier, so it may start
+// while the head still runs, where the cooperative launch below cannot.
+//
 // ninfer_sample (cooperative launch: grid (slices, rows), block 512; every block of the grid
 // must be resident, which the launcher ensures from the occupancy of this kernel). Block x of
 // row r owns the id range [x*per, (x+1)*per), per = ceil(vocab / slices); the blocks meet at
 // grid-wide barriers and share per-row scratch in `ws` (SAMPLE_WS_WORDS(slices) u32 per row).
-//   params == null, or params[r].temperature <= 0: out[r] = index of the largest logit, ties
+//   params[r].temperature <= 0: out[r] = index of the largest logit, ties
 //   to the lowest index (argmax; all-NaN rows give 0).
 //   Otherwise, with params[r] = {temperature, top_p, min_p, u, top_k},
 //   e_i = exp((l_i - max) / temperature) and the kept set is
@@ -27,6 +35,9 @@
 
 namespace cg = cooperative_groups;
 
+#define ARGMAX_CLUSTER 8
+#define ARGMAX_THREADS 1024
+#define ARGMAX_LOADS 16
 #define SAMPLE_THREADS 512
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 #define SAMPLE_MAX_SLICES 128
@@ -87,8 +98,8 @@ __device__ __forceinline__ bool better(float ov, int oi, float v, int vi) {
     return oi != 0x7fffffff && (vi == 0x7fffffff || ov > v || (ov == v && oi < vi));
 }
 
-// Block-wide argmax over pairs held by the threads; every thread gets the result.
-__device__ void block_best(float v, int vi, SampleShared& sh, float& best, int& best_i) {
+// Warp-wide argmax over the lanes' pairs; every lane gets the result.
+__device__ __forceinline__ void warp_best(float& v, int& vi) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, v, o);
@@ -98,17 +109,24 @@ __device__ void block_best(float v, int vi, SampleShared& sh, float& best, int& 
             vi = oi;
         }
     }
+}
+
+// Block-wide argmax over pairs held by the threads of WARPS warps, through red_v / red_i
+// (WARPS entries of shared memory); every thread gets the result.
+template <int WARPS>
+__device__ void block_best(float v, int vi, float* red_v, int* red_i, float& best, int& best_i) {
+    warp_best(v, vi);
     if ((threadIdx.x & 31) == 0) {
-        sh.red_v[threadIdx.x >> 5] = v;
-        sh.red_i[threadIdx.x >> 5] = vi;
+        red_v[threadIdx.x >> 5] = v;
+        red_i[threadIdx.x >> 5] = vi;
     }
     __syncthreads();
     best = -INFINITY;
     best_i = 0x7fffffff;
-    for (int w = 0; w < SAMPLE_WARPS; ++w)
-        if (better(sh.red_v[w], sh.red_i[w], best, best_i)) {
-            best = sh.red_v[w];
-            best_i = sh.red_i[w];
+    for (int w = 0; w < WARPS; ++w)
+        if (better(red_v[w], red_i[w], best, best_i)) {
+            best = red_v[w];
+            best_i = red_i[w];
         }
     __syncthreads();
 }
@@ -242,13 +260,11 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) ninfer_sample(Sampl
         sh.any_p = 0;
     }
     __syncthreads();
-    if (a.params != nullptr) {
-        for (int i = tid; i < a.rows; i += SAMPLE_THREADS) {
-            const SampleParams q = a.params[i];
-            if (q.temperature > 0.f) {
-                if (q.top_k > 0 && q.top_k < a.vocab) sh.any_k = 1;
-                if (q.top_p < 1.f) sh.any_p = 1;
-            }
+    for (int i = tid; i < a.rows; i += SAMPLE_THREADS) {
+        const SampleParams q = a.params[i];
+        if (q.temperature > 0.f) {
+            if (q.top_k > 0 && q.top_k < a.vocab) sh.any_k = 1;
+            if (q.top_p < 1.f) sh.any_p = 1;
         }
     }
 
@@ -264,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) ninfer_sample(Sampl
     }
     float top;
     int top_i;
-    block_best(v, vi, sh, top, top_i);
+    block_best<SAMPLE_WARPS>(v, vi, sh.red_v, sh.red_i, top, top_i);
     if (tid == 0) {
         wsf[WS_SLICE + b] = top;
         wsi[WS_SLICE + S + b] = top_i;
@@ -276,11 +292,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) ninfer_sample(Sampl
         v = __ldcg(wsf + WS_SLICE + tid);
         vi = __ldcg(wsi + WS_SLICE + S + tid);
     }
-    block_best(v, vi, sh, top, top_i);
+    block_best<SAMPLE_WARPS>(v, vi, sh.red_v, sh.red_i, top, top_i);
     if (top_i == 0x7fffffff) top_i = 0;  // all NaN
 
-    SampleParams p = {0.f, 1.f, 0.f, 0.f, 0, 0, 0, 0};
-    if (a.params != nullptr) p = a.params[r];
+    const SampleParams p = a.params[r];
     const bool sampling = p.temperature > 0.f && top != -INFINITY;
     const float inv_t = sampling ? 1.f / p.temperature : 0.f;
     const bool use_k = sampling && p.top_k > 0 && p.top_k < a.vocab;
@@ -380,4 +395,66 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) ninfer_sample(Sampl
     }
     __syncthreads();
     if (tid == 0) a.out[r] = sh.result != 0x7fffffff ? sh.result : top_i;
+}
+
+struct ArgmaxArgs {
+    const float* logits;
+    int* out;
+    int rows;
+    int vocab;
+    int ld;
+    int pad;
+};
+static_assert(sizeof(ArgmaxArgs) == 32, "mirrored in crates/ninfer-kernels/src/sample.rs");
+
+extern "C" __global__ void __cluster_dims__(ARGMAX_CLUSTER, 1, 1) __launch_bounds__(ARGMAX_THREADS) ninfer_argmax(ArgmaxArgs a) {
+    grid_release();
+    __shared__ float red_v[ARGMAX_THREADS / 32];
+    __shared__ int red_i[ARGMAX_THREADS / 32];
+    __shared__ float slice_v;
+    __shared__ int slice_i;
+    cg::cluster_group cl = cg::this_cluster();
+    const int b = (int)cl.block_rank(), r = blockIdx.y;
+    const int per = (a.vocab + ARGMAX_CLUSTER - 1) / ARGMAX_CLUSTER;
+    const int lo = min(a.vocab, b * per), hi = min(a.vocab, lo + per);
+    const float* row = a.logits + (size_t)r * a.ld;
+    grid_wait();
+    float v = -INFINITY;
+    int vi = 0x7fffffff;
+    // ARGMAX_LOADS loads in flight per thread and round trip (a slice of the model's vocabulary
+    // takes two); ascending ids per thread, so a strict > keeps the lowest of equal logits.
+    for (int base = lo + threadIdx.x; base < hi; base += ARGMAX_THREADS * ARGMAX_LOADS) {
+        float x[ARGMAX_LOADS];
+#pragma unroll
+        for (int j = 0; j < ARGMAX_LOADS; ++j) {
+            const int i = base + j * ARGMAX_THREADS;
+            x[j] = i < hi ? row[i] : NAN;
+        }
+#pragma unroll
+        for (int j = 0; j < ARGMAX_LOADS; ++j)
+            if (!isnan(x[j]) && (vi == 0x7fffffff || x[j] > v)) {
+                v = x[j];
+                vi = base + j * ARGMAX_THREADS;
+            }
+    }
+    float top;
+    int top_i;
+    block_best<ARGMAX_THREADS / 32>(v, vi, red_v, red_i, top, top_i);
+    if (threadIdx.x == 0) {
+        slice_v = top;
+        slice_i = top_i;
+    }
+    cl.sync();
+    if (b == 0 && threadIdx.x < 32) {
+        v = -INFINITY;
+        vi = 0x7fffffff;
+        if (threadIdx.x < ARGMAX_CLUSTER) {
+            v = *cl.map_shared_rank(&slice_v, threadIdx.x);
+            vi = *cl.map_shared_rank(&slice_i, threadIdx.x);
+        }
+        warp_best(v, vi);
+        if (threadIdx.x == 0) a.out[r] = vi == 0x7fffffff ? 0 : vi;
+    }
+    // The other blocks' shared memory stays theirs until block 0 has read it.
+    cl.sync();
 }

@@ -414,7 +414,7 @@ impl KernelSet {
             pad: 0,
         };
         // The bf16 and q8_g32 tensor-core kernels take 16 rows per block (K in 32-column
-        // groups); q6_g64's stream 16-row tiles per warp, with the batch's x in shared memory.
+        // groups); q6_g64's take a 16-row tile per warp, with the batch's x in shared memory.
         use Kernel::*;
         let mma = matches!(c.kernel, GemvQ8MmaB8 | GemvQ8MmaB16 | GemvBf16MmaB8 | GemvBf16MmaB16);
         c.ensure(!mma || w.cols.is_multiple_of(32), || format!("cols {} not a multiple of 32 (tensor-core gemv)", w.cols))?;
@@ -432,7 +432,7 @@ impl KernelSet {
         let (grid, smem) = match () {
             _ if is_bulk(c.kernel) => self.bulk_launch(&c, w.rows, w.cols, if batch > 1 { batch * rows_ld(w.cols) * 2 } else { 0 })?,
             _ if mma => (blocks(w.rows, 16), smem),
-            _ if q6 => (blocks(w.rows.div_ceil(16), ROWS_PER_BLOCK).min(self.resident(c.kernel, 256, smem)? as u32), smem),
+            _ if q6 => (blocks(w.rows.div_ceil(16), ROWS_PER_BLOCK), smem),
             _ => (self.row_grid(c.kernel, w.rows), smem),
         };
         let cfg = LaunchConfig {

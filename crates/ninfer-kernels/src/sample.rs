@@ -1,6 +1,7 @@
-//! Launchers of kernels/sample.cu: greedy argmax and temperature / top-k / top-p / min-p
-//! sampling driven by a caller-supplied uniform random number per row. One cooperative launch
-//! spreads each row over many blocks, so a 248k vocabulary is not left to one multiprocessor.
+//! Launchers of kernels/sample.cu: greedy argmax (a cluster of blocks a row, dependent launch)
+//! and temperature / top-k / top-p / min-p sampling driven by a caller-supplied uniform random
+//! number per row (one cooperative launch spreads each row over many blocks, so a 248k
+//! vocabulary is not left to one multiprocessor).
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
 
@@ -36,6 +37,21 @@ struct SampleArgs {
 }
 device_args!(SampleArgs, 48);
 
+#[repr(C)]
+struct ArgmaxArgs {
+    logits: u64,
+    out: u64,
+    rows: i32,
+    vocab: i32,
+    ld: i32,
+    pad: i32,
+}
+device_args!(ArgmaxArgs, 32);
+
+/// Blocks a row of `ninfer_argmax` (`ARGMAX_CLUSTER`, one cluster) and their threads.
+const ARGMAX_CLUSTER: u32 = 8;
+const ARGMAX_THREADS: u32 = 1024;
+
 const THREADS: u32 = 512;
 /// Most blocks one row is spread over (`SAMPLE_MAX_SLICES` in kernels/sample.cu).
 const MAX_SLICES: usize = 128;
@@ -53,7 +69,7 @@ impl KernelSet {
         Ok((per_sm as usize * self.num_sms()).max(1))
     }
 
-    /// u32 words of scratch [`KernelSet::argmax`] and [`KernelSet::sample`] need for `rows` rows.
+    /// u32 words of scratch [`KernelSet::sample`] needs for `rows` rows.
     pub fn sample_workspace_len(&self, rows: usize) -> Result<usize> {
         Ok(rows.min(self.sample_capacity()?).max(1) * ws_words(MAX_SLICES))
     }
@@ -68,9 +84,18 @@ impl KernelSet {
         vocab: usize,
         ld: usize,
         out: &mut impl DevicePtrMut<i32>,
-        workspace: &mut impl DevicePtrMut<u32>,
     ) -> Result<()> {
-        self.select(stream, logits, rows, vocab, ld, None, out, workspace)
+        let c = Check::new(Kernel::Argmax);
+        check_rows(&c, logits.len(), out.len(), rows, vocab, ld)?;
+        c.ensure(rows <= 65_535, || format!("{rows} rows, more than a grid's 65,535 along y"))?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let (lp, _gl) = dptr(logits, stream);
+        let (op, _go) = dptr_mut(out, stream);
+        let args = ArgmaxArgs { logits: lp, out: op, rows: rows as i32, vocab: vocab as i32, ld: ld as i32, pad: 0 };
+        let cfg = LaunchConfig { grid_dim: (ARGMAX_CLUSTER, rows as u32, 1), block_dim: (ARGMAX_THREADS, 1, 1), shared_mem_bytes: 0 };
+        self.launch_struct(stream, Kernel::Argmax, cfg, &args)
     }
 
     /// One token per row drawn from the filtered softmax of the logits (see kernels/sample.cu
@@ -88,38 +113,9 @@ impl KernelSet {
     ) -> Result<()> {
         let c = Check::new(Kernel::Sample);
         c.len("params", params.len(), rows)?;
+        check_rows(&c, logits.len(), out.len(), rows, vocab, ld)?;
         let (pp, _gp) = dptr(params, stream);
-        self.select(stream, logits, rows, vocab, ld, Some(pp), out, workspace)
-    }
-
-    fn select(
-        &self,
-        stream: &CudaStream,
-        logits: &impl DevicePtr<f32>,
-        rows: usize,
-        vocab: usize,
-        ld: usize,
-        params: Option<u64>,
-        out: &mut impl DevicePtrMut<i32>,
-        workspace: &mut impl DevicePtrMut<u32>,
-    ) -> Result<()> {
-        let c = Check::new(Kernel::Sample);
-        c.ensure(vocab > 0 && ld >= vocab, || {
-            format!("vocab {vocab}, ld {ld}")
-        })?;
-        let (ll, ol, wl) = (logits.len(), out.len(), workspace.len());
-        c.len(
-            "logits",
-            ll,
-            if rows == 0 {
-                0
-            } else {
-                (rows - 1) * ld + vocab
-            },
-        )?;
-        c.len("out", ol, rows)?;
-        c.i32("vocab", vocab)?;
-        c.i32("ld", ld)?;
+        let wl = workspace.len();
         if rows == 0 {
             return Ok(());
         }
@@ -137,7 +133,7 @@ impl KernelSet {
             let n = per_launch.min(rows - r0);
             let args = SampleArgs {
                 logits: lp + (r0 * ld * 4) as u64,
-                params: params.map_or(0, |p| p + (r0 * std::mem::size_of::<SamplingRow>()) as u64),
+                params: pp + (r0 * std::mem::size_of::<SamplingRow>()) as u64,
                 out: op + (r0 * 4) as u64,
                 ws: wp,
                 rows: n as i32,
@@ -155,4 +151,14 @@ impl KernelSet {
         }
         Ok(())
     }
+}
+
+/// The shapes both kernels take: `rows` rows of `ld` logits, the first `vocab` of each read.
+fn check_rows(c: &Check, logits: usize, out: usize, rows: usize, vocab: usize, ld: usize) -> Result<()> {
+    c.ensure(vocab > 0 && ld >= vocab, || format!("vocab {vocab}, ld {ld}"))?;
+    c.len("logits", logits, if rows == 0 { 0 } else { (rows - 1) * ld + vocab })?;
+    c.len("out", out, rows)?;
+    c.i32("vocab", vocab)?;
+    c.i32("ld", ld)?;
+    Ok(())
 }

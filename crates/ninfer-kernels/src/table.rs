@@ -111,5 +111,6 @@ kernel_table! {
     AttentionCombine => "attention", "ninfer_attention_combine";
     AttentionMma => "attention", "ninfer_attention_mma";
     AttentionMmaDecode => "attention", "ninfer_attention_mma_decode";
+    Argmax => "sample", "ninfer_argmax";
     Sample => "sample", "ninfer_sample";
 }

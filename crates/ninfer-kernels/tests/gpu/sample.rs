@@ -116,10 +116,49 @@ fn argmax_ties_and_nan() {
     l[ld - 1] = 1e9; // padding past vocab is never read
     let dl = up(&s, &l);
     let mut out = up(&s, &[-1i32; 3]);
-    let mut ws = workspace(g, &s, rows);
-    g.ks.argmax(&s, &dl, rows, vocab, ld, &mut out, &mut ws)
-        .unwrap();
+    g.ks.argmax(&s, &dl, rows, vocab, ld, &mut out).unwrap();
     assert_eq!(down(&s, &out), vec![7, 123_457, 0]);
+}
+
+/// The cluster argmax against the reference and against the sampling kernel's greedy rows, on
+/// vocabularies that leave its eight slices uneven or empty, with the best logit at a slice's
+/// edges, repeated values, signed zeros and NaN; launched twice on one output (the kernel keeps
+/// no state between launches).
+#[test]
+fn argmax_matches_reference_and_sampler() {
+    let Some(g) = gpu() else { return };
+    let s = g.stream();
+    let mut rng = Rng::new(903);
+    for (vocab, rows) in [(1usize, 2usize), (5, 3), (4093, 4), (31_041, 2), (248_320, 3)] {
+        let ld = vocab + 3;
+        let mut l = rng.f32s(rows * ld, 3.0);
+        let per = vocab.div_ceil(8);
+        for r in 0..rows {
+            let lr = &mut l[r * ld..r * ld + vocab];
+            match r % 4 {
+                0 => lr[(per * 3).min(vocab - 1)] = 40.0, // the first id of a slice
+                1 => lr[(per * 5).min(vocab) - 1] = 40.0, // the last id of a slice
+                2 => lr.iter_mut().step_by(2).for_each(|v| *v = 7.0), // many equal maxima
+                _ => lr.iter_mut().for_each(|v| *v = if v.is_sign_negative() { -0.0 } else { 0.0 }),
+            }
+            if vocab > 2 {
+                lr[vocab / 2] = f32::NAN;
+            }
+            l[r * ld + vocab] = 1e9; // past vocab: never read
+        }
+        let want: Vec<i32> = (0..rows).map(|r| ref_argmax(&l[r * ld..r * ld + vocab])).collect();
+        let dl = up(&s, &l);
+        let greedy = vec![row(0.0, 0, 1.0, 0.0, 0.5); rows];
+        let (dp, mut ws) = (up(&s, &greedy), workspace(g, &s, rows));
+        let mut sampled = up(&s, &vec![-1i32; rows]);
+        g.ks.sample(&s, &dl, rows, vocab, ld, &dp, &mut sampled, &mut ws).unwrap();
+        assert_eq!(down(&s, &sampled), want, "sampler, vocab {vocab}");
+        let mut out = up(&s, &vec![-1i32; rows]);
+        for launch in 0..2 {
+            g.ks.argmax(&s, &dl, rows, vocab, ld, &mut out).unwrap();
+            assert_eq!(down(&s, &out), want, "vocab {vocab}, launch {launch}");
+        }
+    }
 }
 
 #[test]

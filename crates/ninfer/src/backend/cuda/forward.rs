@@ -229,7 +229,7 @@ pub(super) fn fetch(cx: &Ctx, ws: &mut Workspace, out: &mut Fetch, c0: usize, rc
         Fetch::Tokens { out, params } => {
             let mut ids = ws.tokens.slice_mut(..rc);
             match params {
-                None => cx.ks.argmax(cx.s, &ws.logits, rc, v, v, &mut ids, &mut ws.sample_ws).map_err(kern)?,
+                None => cx.ks.argmax(cx.s, &ws.logits, rc, v, v, &mut ids).map_err(kern)?,
                 Some(p) => {
                     let mut dp = ws.sample_params.slice_mut(..rc);
                     cx.s.memcpy_htod(&p[c0..c0 + rc], &mut dp).map_err(drv("uploading sampling parameters"))?;
