@@ -552,10 +552,10 @@ NINFER_FUSED(q8_g32, EncQ8)
 
 extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_bulk_b1(GemvNormArgs a) { gemv_norm_bulk_body(a); }
 extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_norm_conv_bulk_b1(NormConvArgs a) { norm_conv_body<EncQ8, true>(a); }
-extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_b1(GatedArgs a) {
+extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_b1(GatedArgs a) {
     gnorm_bulk_body(a);
 }
-extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_route_b1(GatedRouteArgs a) {
+extern "C" __global__ void __cluster_dims__(GNORM_CLUSTER, 1, 1) __launch_bounds__(256) ninfer_gemv_q8_g32_gnorm_bulk_route_b1(GatedRouteArgs a) {
     bulk_route(a.g.g, a.f, gated_bulk_fill(a.g));
 }
 extern "C" __global__ void __launch_bounds__(256) ninfer_gemv_q8_g32_bulk_route_b1(GemvRouteArgs a) {

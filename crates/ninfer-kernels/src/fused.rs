@@ -266,7 +266,7 @@ impl KernelSet {
         // chunks summed by a power-of-two group of lanes of one warp.
         let one_row = matches!(c.kernel, Kernel::GemvQ8GnormBulkB1 | Kernel::GemvQ8GnormBulkRouteB1);
         c.ensure(!one_row || (dim / 8).is_power_of_two() && dim <= 256, || format!("heads of {dim}: dim / 8 is not a power of two of at most 32"))?;
-        let cluster = if one_row { 1 } else { GNORM_CLUSTER };
+        let cluster = GNORM_CLUSTER;
         c.ensure(ldz >= w.cols && ldz.is_multiple_of(8), || format!("z row stride {ldz} (a multiple of 8, at least {})", w.cols))?;
         let (zl, nl, yl) = (z.len(), norm_w.len(), y.len());
         c.len("z", zl, span(batch, w.cols, ldz))?;
