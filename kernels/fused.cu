@@ -21,16 +21,19 @@
 // ninfer_gemv_q8_g32_norm_bulk_b1 / _norm_conv_bulk_b1 / _gnorm_bulk_b1  (GemvNormArgs /
 //   NormConvArgs / GatedArgs; K % 256 == 0)
 //   ninfer_gemv_q8_g32_norm_b1 / _norm_conv_b1 / _gnorm_b1 with the weights brought into
-//   shared memory by
-//   the copy engine (cp.async.bulk) and multiplied on the tensor cores (mma.m16n8k16, f16
-//   operands, f32 sums): block b owns the rows [b R, (b + 1) R) (R = ceil(N / gridDim.x) rounded
-//   up to 16, at most 256), in stages of one 16-row tile (row strides K + 32 and K / 16 + 16
-//   bytes), as many stages in flight as the dynamic shared memory holds (at least one), every
-//   one requested before grid_wait(). Codes are exact in f16, and so is the normed row while
-//   |a| < 65,504; each 32-column group's sum is scaled in f32 and the warps' partials summed in
-//   warp order: not the bits of the lane-loaded kernels. Thread i of a block stores (and
-//   convolves) its row i. Launch: block 256, dynamic shared memory stages * 16 * (K + 32 + K /
-//   16 + 16) bytes, grid at most ceil(N / 16) (the blocks resident at once).
+//   shared memory by the copy engine (cp.async.bulk) and multiplied on the tensor cores
+//   (mma.m16n8k16, f16 operands, f32 sums): block b owns the rows [b R, (b + 1) R) (R = ceil(N
+//   / gridDim.x) rounded up to 16, at most 256), in stages of one 16-row tile (row strides K +
+//   32 and K / 16 + 16 bytes), as many stages in flight as the dynamic shared memory holds (at
+//   least one), every one requested before grid_wait(). Codes are exact in f16, and so is the
+//   normed row while |a| < 65,504; each 32-column group's sum is scaled in f32 and the warps'
+//   partials summed in warp order: not the bits of the lane-loaded kernels. Thread i of a
+//   block stores (and convolves) its row i. Launch: block 256, dynamic shared memory stages *
+//   16 * (K + 32 + K / 16 + 16) bytes, grid at most ceil(N / 16) (the blocks resident at
+//   once). _gnorm_bulk_b1: every block builds the whole gated row (dim / 8 a power of two <=
+//   32) and exchanges nothing, yet is launched in clusters of GNORM_CLUSTER (the grid a
+//   multiple of it): without them its blocks became resident while the recurrence ahead ran
+//   and slowed it (performance-log.md, 2026-12-07).
 //
 // ninfer_gemv_q8_g32_gnorm_bulk_route_b1 / _bulk_route_b1  (GatedRouteArgs / GemvRouteArgs:
 //   GatedArgs / GemvArgs, then RouterFold of route_fold.cuh)

@@ -262,8 +262,9 @@ impl KernelSet {
             _ => return Err(Check::new(Kernel::GemvQ8GnormBulkB8).fail(format!("no gated-norm product of {batch} rows for {:?} of {} columns", w.encoding(), w.cols))),
         };
         c.ensure(dim > 0 && dim.is_multiple_of(8) && w.cols.is_multiple_of(dim), || format!("{} columns are not heads of {dim} (a multiple of 8)", w.cols))?;
-        // The one-row bulk kernels build the gated row in every block (no cluster), a head's
-        // chunks summed by a power-of-two group of lanes of one warp.
+        // The one-row bulk kernels build the gated row in every block, a head's chunks summed
+        // by a power-of-two group of lanes of one warp; they keep their clusters only for when
+        // their blocks become resident (fused.cu's header).
         let one_row = matches!(c.kernel, Kernel::GemvQ8GnormBulkB1 | Kernel::GemvQ8GnormBulkRouteB1);
         c.ensure(!one_row || (dim / 8).is_power_of_two() && dim <= 256, || format!("heads of {dim}: dim / 8 is not a power of two of at most 32"))?;
         let cluster = GNORM_CLUSTER;
