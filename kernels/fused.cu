@@ -20,17 +20,20 @@
 //
 // ninfer_gemv_q8_g32_norm_bulk_b1 / _norm_conv_bulk_b1 / _gnorm_bulk_b1  (GemvNormArgs /
 //   NormConvArgs / GatedArgs; K % 256 == 0)
-//   ninfer_gemv_q8_g32_norm_b1 / _norm_conv_b1 / _gnorm_b1 (in its clusters) with the weights
-//   brought into shared memory by
-//   the copy engine (cp.async.bulk) and multiplied on the tensor cores (mma.m16n8k16, f16
-//   operands, f32 sums): block b owns the rows [b R, (b + 1) R) (R = ceil(N / gridDim.x) rounded
-//   up to 16, at most 256), in stages of one 16-row tile (row strides K + 32 and K / 16 + 16
-//   bytes), as many stages in flight as the dynamic shared memory holds (at least one), every
-//   one requested before grid_wait(). Codes are exact in f16, and so is the normed row while
-//   |a| < 65,504; each 32-column group's sum is scaled in f32 and the warps' partials summed in
-//   warp order: not the bits of the lane-loaded kernels. Thread i of a block stores (and
-//   convolves) its row i. Launch: block 256, dynamic shared memory stages * 16 * (K + 32 + K /
-//   16 + 16) bytes, grid at most ceil(N / 16) (the blocks resident at once).
+//   ninfer_gemv_q8_g32_norm_b1 / _norm_conv_b1 / _gnorm_b1 with the weights brought into
+//   shared memory by the copy engine (cp.async.bulk) and multiplied on the tensor cores
+//   (mma.m16n8k16, f16 operands, f32 sums): block b owns the rows [b R, (b + 1) R) (R = ceil(N
+//   / gridDim.x) rounded up to 16, at most 256), in stages of one 16-row tile (row strides K +
+//   32 and K / 16 + 16 bytes), as many stages in flight as the dynamic shared memory holds (at
+//   least one), every one requested before grid_wait(). Codes are exact in f16, and so is the
+//   normed row while |a| < 65,504; each 32-column group's sum is scaled in f32 and the warps'
+//   partials summed in warp order: not the bits of the lane-loaded kernels. Thread i of a
+//   block stores (and convolves) its row i. Launch: block 256, dynamic shared memory stages *
+//   16 * (K + 32 + K / 16 + 16) bytes, grid at most ceil(N / 16) (the blocks resident at
+//   once). _gnorm_bulk_b1: every block builds the whole gated row (dim / 8 a power of two <=
+//   32) and exchanges nothing, yet is launched in clusters of GNORM_CLUSTER (the grid a
+//   multiple of it): without them its blocks became resident while the recurrence ahead ran
+//   and slowed it (performance-log.md, 2026-12-07).
 //
 // ninfer_gemv_q8_g32_gnorm_bulk_route_b1 / _bulk_route_b1  (GatedRouteArgs / GemvRouteArgs:
 //   GatedArgs / GemvArgs, then RouterFold of route_fold.cuh)
@@ -321,13 +324,50 @@ __device__ __forceinline__ void gnorm_body(const GatedArgs& a) {
     cooperative_groups::this_cluster().barrier_wait();
 }
 
-// The same on bulk_product, which turns the row into f16 in place once `fill` returns: so the
-// fill waits on the cluster barrier itself, after which no neighbour reads this block's heads.
+// One row's gated norm into xs by the whole block, for bulk_product: thread i the chunks i, i +
+// 256, ... of the row (those it turns into f16 next, as copy_row), the x, z and norm weight of
+// all of them asked for at once. A head's dim / 8 chunks are consecutive lanes of one warp
+// (dim / 8 a power of two <= 32), which sum their squares as inv_rms's warp does (its lanes
+// past the head's chunks add zeros), so every element has fill_gated's bits without a cluster:
+// one round trip to L2 where the clustered form had two, a cluster barrier and its neighbours'
+// shared memory.
+__device__ __forceinline__ void fill_gated_row(bf16* xs, const GatedArgs& a) {
+    constexpr int PER = BULK_MAX_K / 8 / BULK_THREADS;
+    const int nch = a.g.m.cols / 8, hc = a.dim / 8;
+    uint4 xv[PER], zv[PER], wv[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        const int c = threadIdx.x + BULK_THREADS * i;
+        if (c < nch) {
+            xv[i] = ldg16(a.g.x + c * 8);
+            zv[i] = ldg16(a.z + c * 8);
+            wv[i] = ldg16(a.norm_w + (c & (hc - 1)) * 8);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        if (BULK_THREADS * i >= nch) break;  // the same for the whole block: every lane shuffles
+        const int c = threadIdx.x + BULK_THREADS * i;
+        float v[8];
+        float ss = 0.f;
+        if (c < nch) {
+            unpack_bf8(xv[i], v);
+            ss = sq8(v);
+        }
+        for (int o = hc / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (c >= nch) continue;
+        const float inv = rsqrtf(ss / (float)a.dim + a.eps);
+        float w[8], g[8];
+        unpack_bf8(wv[i], w);
+        unpack_bf8(zv[i], g);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = round_bf(round_bf(v[e] * inv) * w[e]) * silu(g[e]);
+        *reinterpret_cast<uint4*>(xs + c * 8) = pack_bf8(v);
+    }
+}
+
 __device__ __forceinline__ auto gated_bulk_fill(const GatedArgs& a) {
-    return [&a](bf16* xs) {
-        fill_gated(xs, a, 1, a.g.m.cols);
-        cooperative_groups::this_cluster().barrier_wait();
-    };
+    return [&a](bf16* xs) { fill_gated_row(xs, a); };
 }
 
 __device__ __forceinline__ void gnorm_bulk_body(const GatedArgs& a) { bulk_product(a.g, gated_bulk_fill(a), [](int, float) {}); }

@@ -141,6 +141,10 @@ fn gemv_gnorm_equals_gated_norm_then_gemv() {
         gnorm_case(enc, 37, (3, 64), 1, 930 + i as u64);
         gnorm_case(enc, 20011, (2, 128), 1, 935 + i as u64);
     }
+    // One row on the bulk-copy kernel with heads of 64 and 256: a head's chunks summed by 8 and
+    // by 32 lanes.
+    gnorm_case(Enc::Q8, 300, (4, 64), 1, 937);
+    gnorm_case(Enc::Q8, 300, (2, 256), 1, 938);
     // A decode batch's GDN output projection (32 heads of 128, K = 4096) on the bulk-copy
     // kernel of 2-8 rows; 3 heads of 256 over a cluster's 8 blocks, and more rows than stages
     // in flight.
@@ -180,6 +184,9 @@ fn fused_launchers_refuse_bad_shapes() {
     let (x2, mut y2) = (nan_bf16(&s, 2 * 256), nan_bf16(&s, 2 * 16));
     assert!(g.ks.gemv_gnorm(&s, &m8.view(), &x2, (&x2, 2, 128), (&nw, 64, 1e-6), &mut y2, false).is_err(), "z rows closer than their 256 columns");
     assert!(g.ks.gemv_gnorm(&s, &m2.view(), &x9, (&x9, 2, 4096), (&nw, 64, 1e-6), &mut y, false).is_err(), "y of 16 for 2 rows of 16");
+    let (m768, x768, nw96) = (HostMat::random(Enc::Q8, 1, 16, 768, 1, &mut rng).upload(&s), nan_bf16(&s, 768), nan_bf16(&s, 96));
+    let err = g.ks.gemv_gnorm(&s, &m768.view(), &x768, (&x768, 1, 768), (&nw96, 96, 1e-6), &mut y, false).unwrap_err();
+    assert!(err.to_string().contains("power of two"), "one row of heads of 96: 12 chunks a head, no lane group: {err}");
     let m8b = HostMat::random(Enc::Q8, 1, 16, 192, 1, &mut rng).upload(&s);
     assert!(g.ks.gemv_gnorm(&s, &m8b.view(), &x2, (&x2, 2, 192), (&nw, 64, 1e-6), &mut y2, false).is_err(), "a batch of 192 columns: no bulk-copy kernel");
 }
