@@ -73,8 +73,10 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a
     const bool is_q = h < a.q_heads;
     const int chunks = a.dim / 8;
     const int half = a.rot / 2;
-    // Before the wait, what needs no activation: the rotary frequencies (a powf each, kept in
-    // cos_s until the position is known) and the norm weights of this lane's chunks.
+    // Before the wait, what needs no activation: the norm weights of this lane's chunks, and
+    // the cos and sin of each rotary frequency at the token's position, one frequency per lane
+    // (each serves two dims), and the cache slot: positions and slots are pass tables the host
+    // copied up before the pass's first launch (common.cuh).
     const bf16* w = is_q ? a.q_norm : a.k_norm;
     uint4 wv8[ROPE_MAX_DIM / 8 / 32];
 #pragma unroll
@@ -82,9 +84,14 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a
         const int c = lane + 32 * i;
         if (w != nullptr && c < chunks) wv8[i] = ldg16(w + c * 8);
     }
-    for (int j = lane; j < half; j += 32) cos_s[warp][j] = 1.0f / powf(a.theta, (float)(2 * j) / (float)a.rot);
+    const int slot = to_cache && !is_q ? __ldg(a.slot + t) : -1;
+    const float p = (float)__ldg(a.pos + t);
+    for (int j = lane; j < half; j += 32) {
+        const float ang = p * (1.0f / powf(a.theta, (float)(2 * j) / (float)a.rot));
+        cos_s[warp][j] = round_bf(cosf(ang));
+        sin_s[warp][j] = round_bf(sinf(ang));
+    }
     grid_wait();
-    const int slot = to_cache && !is_q ? a.slot[t] : -1;
     if (h >= a.q_heads + a.k_heads) {
         // A v head: nothing to compute, only its cache row.
         if (slot < 0) return;
@@ -107,14 +114,6 @@ extern "C" __global__ void __launch_bounds__(128) ninfer_qk_norm_rope(RopeArgs a
             row[c * 8 + i] = v[i];
             ss += v[i] * v[i];
         }
-    }
-    // cos and sin of each rotary frequency, one frequency per lane (each serves two dims): in
-    // the element loop below they cost 8 serial powf/cosf/sinf per lane, most of the kernel.
-    const float p = (float)a.pos[t];
-    for (int j = lane; j < half; j += 32) {
-        const float ang = p * cos_s[warp][j];
-        cos_s[warp][j] = round_bf(cosf(ang));
-        sin_s[warp][j] = round_bf(sinf(ang));
     }
     ss = warp_sum1(ss);
     if (w != nullptr) {
