@@ -277,6 +277,18 @@ static_assert(sizeof(GatedArgs) == 120, "mirrored in crates/ninfer-kernels/src/f
 
 #define GNORM_CLUSTER 8  // mirrored in crates/ninfer-kernels/src/fused.rs
 
+// One chunk of eight elements x of a gated-normed head, scaled by its head's inv_rms, as
+// norm.cu's ninfer_gated_rms_norm rounds them. Both fills below go through it, so that their
+// bits are one definition's.
+__device__ __forceinline__ uint4 gated8(float (&v)[8], float inv, const uint4 wv, const uint4 zv) {
+    float w[8], g[8];
+    unpack_bf8(wv, w);
+    unpack_bf8(zv, g);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = round_bf(round_bf(v[e] * inv) * w[e]) * silu(g[e]);
+    return pack_bf8(v);
+}
+
 // The gated norm of every head into xs, each element as norm.cu's ninfer_gated_rms_norm
 // computes and rounds it. Block r of a cluster builds heads r, r + 8, ... (warp w the w-th of
 // them, then every eighth), so a warp builds one head where it built four in turn, and each
@@ -298,13 +310,10 @@ __device__ __forceinline__ void fill_gated(bf16* xs, const GatedArgs& a, int row
         const bf16* z = a.z + (size_t)b * a.ldz + (size_t)hd * a.dim;
         const float inv = inv_rms(x, a.dim, a.eps, lane);
         for (int c = lane; c < a.dim / 8; c += NINFER_WARP) {
-            float v[8], w[8], g[8];
+            float v[8];
             unpack_bf8(ldg16(x + c * 8), v);
-            unpack_bf8(ldg16(a.norm_w + c * 8), w);
-            unpack_bf8(ldg16(z + c * 8), g);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[e] = round_bf(round_bf(v[e] * inv) * w[e]) * silu(g[e]);
-            *reinterpret_cast<uint4*>(xs + (size_t)b * ld + (size_t)hd * a.dim + c * 8) = pack_bf8(v);
+            *reinterpret_cast<uint4*>(xs + (size_t)b * ld + (size_t)hd * a.dim + c * 8) =
+                gated8(v, inv, ldg16(a.norm_w + c * 8), ldg16(z + c * 8));
         }
     }
     cl.sync();
@@ -356,13 +365,7 @@ __device__ __forceinline__ void fill_gated_row(bf16* xs, const GatedArgs& a) {
         }
         for (int o = hc / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         if (c >= nch) continue;
-        const float inv = rsqrtf(ss / (float)a.dim + a.eps);
-        float w[8], g[8];
-        unpack_bf8(wv[i], w);
-        unpack_bf8(zv[i], g);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = round_bf(round_bf(v[e] * inv) * w[e]) * silu(g[e]);
-        *reinterpret_cast<uint4*>(xs + c * 8) = pack_bf8(v);
+        *reinterpret_cast<uint4*>(xs + c * 8) = gated8(v, rsqrtf(ss / (float)a.dim + a.eps), wv[i], zv[i]);
     }
 }
 

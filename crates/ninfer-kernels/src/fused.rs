@@ -267,7 +267,6 @@ impl KernelSet {
         // their blocks become resident (fused.cu's header).
         let one_row = matches!(c.kernel, Kernel::GemvQ8GnormBulkB1 | Kernel::GemvQ8GnormBulkRouteB1);
         c.ensure(!one_row || (dim / 8).is_power_of_two() && dim <= 256, || format!("heads of {dim}: dim / 8 is not a power of two of at most 32"))?;
-        let cluster = GNORM_CLUSTER;
         c.ensure(ldz >= w.cols && ldz.is_multiple_of(8), || format!("z row stride {ldz} (a multiple of 8, at least {})", w.cols))?;
         let (zl, nl, yl) = (z.len(), norm_w.len(), y.len());
         c.len("z", zl, span(batch, w.cols, ldz))?;
@@ -279,7 +278,7 @@ impl KernelSet {
         c.aligned("z", zp, 16)?;
         c.aligned("norm_w", np, 16)?;
         let (dim, ldz) = (c.i32("dim", dim)?, c.i32("ldz", ldz)?);
-        let (rows, out, grid) = ((batch, w.rows), (yp, false, accumulate), (cluster, batch * rows_ld(w.cols) * 2));
+        let (rows, out, grid) = ((batch, w.rows), (yp, false, accumulate), (GNORM_CLUSTER, batch * rows_ld(w.cols) * 2));
         let gated = |g| GatedArgs { g, z: zp, norm_w: np, dim, eps, ldz, pad: 0 };
         match fold {
             None => self.launch_row(&c, stream, w, x, rows, out, grid, gated),
