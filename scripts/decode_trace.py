@@ -12,7 +12,7 @@ end before it (never negative). The charges of a step add up to the step's time 
 Needs torch with CUDA (for its profiler) and a CUDA build of ninfer.
 
     python scripts/decode_trace.py ARTIFACT [--prompt 512] [--steps 32] [--json OUT] [--eager]
-                                   [--concurrency C]
+                                   [--concurrency C] [--pairs]
 
 `--eager` replays the step as launches from the host instead of its CUDA graph (the same
 kernels, with dependent launch), to tell what the graph changes in a kernel's cost.
@@ -21,6 +21,9 @@ kernels, with dependent launch), to tell what the graph changes in a kernel's co
 runs them, after one untraced round). Passes that walk a prompt segment are set aside, and
 steps are kept by their launch count, as for one sequence, so a step of fewer rows that runs
 the same launches (the same kernels' row buckets) is counted with the steps of all C rows.
+`--pairs` also prints each kernel's mean charge a launch by the kernel launched before it (the
+JSON always has it): the one-token gate_up behind the GDN output projection and behind
+attention's o projection, say.
 """
 
 from __future__ import annotations
@@ -124,6 +127,23 @@ def charge(step: list[dict]) -> list[tuple[str, float]]:
     return out
 
 
+def by_predecessor(steps: list[list[dict]]) -> list[tuple[str, str, float, float]]:
+    """(kernel, the kernel launched before it, launches per step, mean µs charged a launch): a
+    kernel's cost can depend on what runs ahead of it (what it overlaps under dependent launch,
+    which blocks hold the SMs as it starts), so one name's launches are told apart by their
+    predecessor, largest charge per step first."""
+    per = collections.defaultdict(lambda: [0, 0.0])
+    for s in steps:
+        prev = "(step start)"
+        for name, c in charge(s):
+            per[(name, prev)][0] += 1
+            per[(name, prev)][1] += c
+            prev = name
+    n = len(steps)
+    rows = [(name, prev, v[0] / n, v[1] / v[0]) for (name, prev), v in per.items()]
+    return sorted(rows, key=lambda r: -r[2] * r[3])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("artifact")
@@ -132,6 +152,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the per-kernel table here as JSON")
     ap.add_argument("--eager", action="store_true", help="launch the step's kernels from the host, not as its CUDA graph")
     ap.add_argument("--concurrency", type=int, default=1, help="trace C requests decoding together, through Engine")
+    ap.add_argument("--pairs", action="store_true", help="also print each kernel's charge by the kernel launched before it")
     a = ap.parse_args()
     if a.concurrency > 1 and a.eager:
         raise SystemExit("--eager traces one sequence (leave --concurrency at 1)")
@@ -156,10 +177,17 @@ def main() -> None:
     for name, k, c, own in rows:
         print(f"{name:<40} {k:>8.0f} {c:>10.1f} {c / total:>6.1%} {own:>8.1f}")
     print(f"{'total':<40} {sum(r[1] for r in rows):>8.0f} {total:>10.1f}")
+    pairs = by_predecessor(steps)
+    if a.pairs:
+        print(f"\n{'kernel':<40} {'after':<40} {'launches':>8} {'µs a launch':>11}")
+        for name, prev, k, c in pairs:
+            print(f"{name:<40} {prev:<40} {k:>8.0f} {c:>11.2f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"steps": n, "step_us": statistics.median(spans),
-                       "kernels": [{"name": r[0], "launches": r[1], "charged_us": r[2], "own_us": r[3]} for r in rows]}, f, indent=1)
+                       "kernels": [{"name": r[0], "launches": r[1], "charged_us": r[2], "own_us": r[3]} for r in rows],
+                       "pairs": [{"name": r[0], "after": r[1], "launches": r[2], "charged_us_per_launch": r[3]} for r in pairs]},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

@@ -121,4 +121,17 @@ if all(tr[s] for s in sides):
     for n in names:
         row(n, {s: med(s, n) for s in sides})
     row("step on the GPU", {s: statistics.median(t["step_us"] for t in tr[s]) for s in sides})
+    # A kernel launched behind more than one other kernel, its charges by the one ahead.
+    keys = list(dict.fromkeys((p["name"], p["after"]) for s in sides for t in tr[s] for p in t.get("pairs", [])))
+    multi = [k for k in keys if sum(1 for m, _ in keys if m == k[0]) > 1]
+    def pmed(side, key):
+        return statistics.median(next((p["launches"] * p["charged_us_per_launch"] for p in t.get("pairs", [])
+                                       if (p["name"], p["after"]) == key), 0.0) for t in tr[side])
+    if multi:
+        print(f"\n{'kernel < the kernel ahead (charged µs per step)':<72} {head}")
+        for key in sorted(multi):
+            vals = {s: pmed(s, key) for s in sides}
+            label = " < ".join(n.removeprefix("ninfer_") for n in key)
+            print(f"{label:<72} " + " ".join(f"{vals[s]:>9.1f}" for s in sides) + " "
+                  + " ".join(f"{vals[s] - vals['A']:>+9.1f}" for s in others))
 EOF

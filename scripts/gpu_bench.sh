@@ -47,7 +47,7 @@ fi
 step bench sh -c '"$@" > "$0" && cat "$0"' "$base.bench.json" "${ninfer[@]}" bench "$model" --device cuda --reps "$reps" --json
 step profile "${ninfer[@]}" bench "$model" --profile
 if python3 -c "import torch" 2>/dev/null; then
-    step trace python3 "$(dirname "$0")/decode_trace.py" "$model" --json "$base.trace.json"
+    step trace python3 "$(dirname "$0")/decode_trace.py" "$model" --pairs --json "$base.trace.json"
 else
     echo "== trace: skipped (no torch for its profiler)" | tee -a "$log"
 fi

@@ -44,3 +44,20 @@ def test_launches_of_one_step_stay_together_and_gaps_split_steps():
     steps = dt.split_steps(ev)
     assert [len(s) for s in steps] == [3, 3, 3, 3]
     assert dt.split_steps(events([["ninfer_gdn_chunked", "x"]] * 2)) == []
+
+
+def test_charges_by_predecessor_tell_one_kernels_launches_apart():
+    dt = load()
+    ev = events([["g", "e", "a", "e"]] * 2)
+    # Each step: e after g takes 3 µs more, e after a 1 µs more (their ends move, charges follow).
+    for i in (1, 5):
+        ev[i]["dur"] = 5.0
+        for k in ev[i + 1 : i + 3]:
+            k["ts"] += 3.0
+    for i in (3, 7):
+        ev[i]["dur"] = 3.0
+    pairs = {(n, p): (k, c) for n, p, k, c in dt.by_predecessor(dt.split_steps(ev))}
+    assert pairs[("e", "g")] == (1.0, 5.0)
+    assert pairs[("e", "a")] == (1.0, 3.0)
+    assert pairs[("g", "(step start)")] == (1.0, 2.0)
+    assert pairs[("a", "e")] == (1.0, 2.0)
