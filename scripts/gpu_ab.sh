@@ -13,8 +13,11 @@
 # build (its _core.abi3.so, optionally xz-compressed as _core.abi3.so.xz, as
 # scripts/ab_cores.sh builds them) beside A's Python files, or this checkout's python/ninfer
 # when A is a core: a build whose Python files match travels in a fifth of a wheel's bytes.
-# NINFER_AB_CONCURRENCY (default 1,4,16) picks the tg128 figures; a side whose bench fails or
-# runs past NINFER_AB_TIMEOUT seconds (default 300) is reported and left out of the tables.
+# NINFER_AB_CONCURRENCY (default 1,4,16) picks the tg128 figures and NINFER_AB_PREFILL (default
+# 512) the prompt figures; bench sizes its engine by the longest prompt, so 16384 measures
+# decode in an engine sized as `ninfer bench`'s defaults size it (longer graph KV buckets). A
+# side whose bench fails or runs past NINFER_AB_TIMEOUT seconds (default 300) is reported and
+# left out of the tables.
 set -uo pipefail
 args=("$@")
 rounds=2
@@ -22,11 +25,12 @@ if [ $# -ge 1 ] && [[ ${args[-1]} =~ ^[0-9]+$ ]]; then
     rounds=${args[-1]}
     unset 'args[-1]'
 fi
-[ ${#args[@]} -ge 3 ] || { sed -n '2,18p' "$0"; exit 2; }
+[ ${#args[@]} -ge 3 ] || { sed -n '2,21p' "$0"; exit 2; }
 out=${args[0]}
 sources=("${args[@]:1}")
 [ ${#sources[@]} -le 26 ] || { echo "at most 26 sides" >&2; exit 2; }
 conc=${NINFER_AB_CONCURRENCY:-1,4,16}
+prefill=${NINFER_AB_PREFILL:-512}
 limit=${NINFER_AB_TIMEOUT:-300}  # seconds a bench or a trace may run: a hung build loses its side, not the run
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
@@ -68,7 +72,7 @@ for r in $(seq 1 "$rounds"); do
     for side in "${sides[@]}"; do
         echo "== round $r, $side" | tee -a "$log"
         json="$out/bench-$side$r.json"
-        PYTHONPATH=${site[$side]} timeout "$limit" python3 -m ninfer.cli bench "$model" --device cuda --reps 2 --prefill 512 \
+        PYTHONPATH=${site[$side]} timeout "$limit" python3 -m ninfer.cli bench "$model" --device cuda --reps 2 --prefill "$prefill" \
             --concurrency "$conc" --json > "$json" 2>> "$log" || echo "$side: bench exit $?" >> "$log"
         cat "$json" >> "$log"
         if python3 -c "import torch" 2>/dev/null; then
