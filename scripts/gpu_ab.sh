@@ -25,7 +25,7 @@ if [ $# -ge 1 ] && [[ ${args[-1]} =~ ^[0-9]+$ ]]; then
     rounds=${args[-1]}
     unset 'args[-1]'
 fi
-[ ${#args[@]} -ge 3 ] || { sed -n '2,21p' "$0"; exit 2; }
+[ ${#args[@]} -ge 3 ] || { sed -n '2,20p' "$0"; exit 2; }
 out=${args[0]}
 sources=("${args[@]:1}")
 [ ${#sources[@]} -le 26 ] || { echo "at most 26 sides" >&2; exit 2; }
