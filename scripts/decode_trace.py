@@ -12,7 +12,7 @@ end before it (never negative). The charges of a step add up to the step's time 
 Needs torch with CUDA (for its profiler) and a CUDA build of ninfer.
 
     python scripts/decode_trace.py ARTIFACT [--prompt 512] [--steps 32] [--json OUT] [--eager]
-                                   [--concurrency C] [--pairs]
+                                   [--concurrency C] [--pairs] [--max-context N]
 
 `--eager` replays the step as launches from the host instead of its CUDA graph (the same
 kernels, with dependent launch), to tell what the graph changes in a kernel's cost.
@@ -21,9 +21,13 @@ kernels, with dependent launch), to tell what the graph changes in a kernel's co
 runs them, after one untraced round). Passes that walk a prompt segment are set aside, and
 steps are kept by their launch count, as for one sequence, so a step of fewer rows that runs
 the same launches (the same kernels' row buckets) is counted with the steps of all C rows.
-`--pairs` also prints each kernel's mean charge a launch by the kernel launched before it (the
-JSON always has it): the one-token gate_up behind the GDN output projection and behind
-attention's o projection, say.
+`--max-context N` sizes the engine for N positions (default: the prompt, the steps and 16).
+`ninfer bench` sizes its own for its longest prompt (or prompt plus generated tokens) plus 8;
+pass that to trace the step that bench times: a decode step's CUDA graph covers a KV bucket
+(the positions rounded up to a power of two, at most the engine's context), and decode
+attention's splits follow the bucket. `--pairs` also prints each kernel's mean charge a launch
+by the kernel launched before it (the JSON always has it): the one-token gate_up behind the
+GDN output projection and behind attention's o projection, say.
 """
 
 from __future__ import annotations
@@ -42,14 +46,14 @@ import numpy as np
 STEP_GAP_US = 15.0
 
 
-def trace(artifact: str, prompt: int, steps: int, graphs: bool = True) -> list[dict]:
+def trace(artifact: str, prompt: int, steps: int, max_context: int, graphs: bool = True) -> list[dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from ninfer import _core
 
     torch.cuda.init()
-    runner = _core.Runner(artifact, device="cuda", max_slots=1, max_context=prompt + steps + 16, cuda_graphs=graphs)
+    runner = _core.Runner(artifact, device="cuda", max_slots=1, max_context=max_context, cuda_graphs=graphs)
     vocab = json.loads(_core.Artifact(artifact).header_json())["components"]["text"]["vocab_size"]
     ids = np.random.default_rng(0).integers(0, min(vocab, 150000), prompt).tolist()
     slot = runner.alloc_slot()
@@ -63,7 +67,7 @@ def trace(artifact: str, prompt: int, steps: int, graphs: bool = True) -> list[d
     return kernel_events(prof)
 
 
-def trace_engine(artifact: str, prompt: int, steps: int, concurrency: int) -> list[dict]:
+def trace_engine(artifact: str, prompt: int, steps: int, concurrency: int, max_context: int) -> list[dict]:
     """The kernels of `concurrency` greedy requests decoding together through `Engine`."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -72,7 +76,7 @@ def trace_engine(artifact: str, prompt: int, steps: int, concurrency: int) -> li
     from ninfer.bench import decode_streams
 
     torch.cuda.init()
-    engine = Engine(artifact, device="cuda", max_concurrency=concurrency, max_context=prompt + steps + 16)
+    engine = Engine(artifact, device="cuda", max_concurrency=concurrency, max_context=max_context)
     vocab = min(engine.config["vocab_size"], 150000)
     decode_streams(engine, concurrency, prompt, steps, vocab, 0)  # capture the graphs and warm the caches outside the trace
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -153,10 +157,15 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true", help="launch the step's kernels from the host, not as its CUDA graph")
     ap.add_argument("--concurrency", type=int, default=1, help="trace C requests decoding together, through Engine")
     ap.add_argument("--pairs", action="store_true", help="also print each kernel's charge by the kernel launched before it")
+    ap.add_argument("--max-context", type=int, help="size the engine for this many positions (default: prompt + steps + 16)")
     a = ap.parse_args()
     if a.concurrency > 1 and a.eager:
         raise SystemExit("--eager traces one sequence (leave --concurrency at 1)")
-    kernels = trace_engine(a.artifact, a.prompt, a.steps, a.concurrency) if a.concurrency > 1 else trace(a.artifact, a.prompt, a.steps, graphs=not a.eager)
+    ctx = a.max_context or a.prompt + a.steps + 16
+    if ctx < a.prompt + a.steps + 1:
+        raise SystemExit(f"--max-context {ctx} holds no {a.prompt}-token prompt and {a.steps} steps")
+    kernels = (trace_engine(a.artifact, a.prompt, a.steps, a.concurrency, ctx) if a.concurrency > 1
+               else trace(a.artifact, a.prompt, a.steps, ctx, graphs=not a.eager))
     steps = split_steps(kernels)
     if not steps:
         raise SystemExit("no decode steps in the trace")

@@ -31,6 +31,10 @@ sources=("${args[@]:1}")
 [ ${#sources[@]} -le 26 ] || { echo "at most 26 sides" >&2; exit 2; }
 conc=${NINFER_AB_CONCURRENCY:-1,4,16}
 prefill=${NINFER_AB_PREFILL:-512}
+# The context bench sizes its engine for (its longest prompt, or 512 + 128 generated, plus 8):
+# the trace is taken in an engine of the same size, so that its decode graph's KV bucket is
+# the one bench times.
+ctx=$(( $(tr ',' '\n' <<< "$prefill,640" | sort -n | tail -1) + 8 ))
 limit=${NINFER_AB_TIMEOUT:-300}  # seconds a bench or a trace may run: a hung build loses its side, not the run
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
@@ -76,7 +80,7 @@ for r in $(seq 1 "$rounds"); do
             --concurrency "$conc" --json > "$json" 2>> "$log" || echo "$side: bench exit $?" >> "$log"
         cat "$json" >> "$log"
         if python3 -c "import torch" 2>/dev/null; then
-            PYTHONPATH=${site[$side]} timeout "$limit" python3 "$root/scripts/decode_trace.py" "$model" --json "$traces/$side$r.json" 2>&1 \
+            PYTHONPATH=${site[$side]} timeout "$limit" python3 "$root/scripts/decode_trace.py" "$model" --max-context "$ctx" --json "$traces/$side$r.json" 2>&1 \
                 | grep -v Warning >> "$log"
         fi
     done
