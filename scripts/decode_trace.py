@@ -21,11 +21,10 @@ kernels, with dependent launch), to tell what the graph changes in a kernel's co
 runs them, after one untraced round). Passes that walk a prompt segment are set aside, and
 steps are kept by their launch count, as for one sequence, so a step of fewer rows that runs
 the same launches (the same kernels' row buckets) is counted with the steps of all C rows.
-`--max-context N` sizes the engine for N positions (default: the prompt, the steps and 16).
-`ninfer bench` sizes its own for its longest prompt (or prompt plus generated tokens) plus 8;
-pass that to trace the step that bench times: a decode step's CUDA graph covers a KV bucket
-(the positions rounded up to a power of two, at most the engine's context), and decode
-attention's splits follow the bucket. `--pairs` also prints each kernel's mean charge a launch
+`--max-context N` sizes the engine for N positions (default: the prompt, the steps and 16);
+pass `ninfer.bench.engine_context(...)` of a bench's figures to trace the step that bench
+times: a decode step's CUDA graph covers a KV bucket (the positions rounded up to a power of
+two, at most the engine's context), and decode attention's splits follow the bucket. `--pairs` also prints each kernel's mean charge a launch
 by the kernel launched before it (the JSON always has it): the one-token gate_up behind the
 GDN output projection and behind attention's o projection, say.
 """

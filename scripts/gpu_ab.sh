@@ -31,10 +31,6 @@ sources=("${args[@]:1}")
 [ ${#sources[@]} -le 26 ] || { echo "at most 26 sides" >&2; exit 2; }
 conc=${NINFER_AB_CONCURRENCY:-1,4,16}
 prefill=${NINFER_AB_PREFILL:-512}
-# The context bench sizes its engine for (its longest prompt, or 512 + 128 generated, plus 8):
-# the trace is taken in an engine of the same size, so that its decode graph's KV bucket is
-# the one bench times.
-ctx=$(( $(tr ',' '\n' <<< "$prefill,640" | sort -n | tail -1) + 8 ))
 limit=${NINFER_AB_TIMEOUT:-300}  # seconds a bench or a trace may run: a hung build loses its side, not the run
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
@@ -72,6 +68,10 @@ traces=$(mktemp -d)  # the traces' JSON, summed up in ab.log (a GPU call returns
 if [ ! -f "$model" ]; then
     PYTHONPATH=${site[A]} python3 -m ninfer.cli synth --preset qwen3.6-35b-a3b -o "$model" >> "$log" 2>&1 || exit 1
 fi
+# The traces run in an engine of the bench's size, whose decode graph's KV bucket is the one
+# bench times.
+ctx=$(PYTHONPATH=${site[A]} python3 -c 'import sys; from ninfer.bench import engine_context
+print(engine_context(tuple(int(x) for x in sys.argv[1].split(","))))' "$prefill") || exit 1
 for r in $(seq 1 "$rounds"); do
     for side in "${sides[@]}"; do
         echo "== round $r, $side" | tee -a "$log"

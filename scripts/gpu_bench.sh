@@ -47,9 +47,10 @@ fi
 step bench sh -c '"$@" > "$0" && cat "$0"' "$base.bench.json" "${ninfer[@]}" bench "$model" --device cuda --reps "$reps" --json
 step profile "${ninfer[@]}" bench "$model" --profile
 if python3 -c "import torch" 2>/dev/null; then
-    # In an engine of the bench's size (its longest default prompt, 16,384, plus 8): the same
-    # KV bucket, so the same decode graph, as its tg128.
-    step trace python3 "$(dirname "$0")/decode_trace.py" "$model" --pairs --max-context 16392 --json "$base.trace.json"
+    # In an engine of the bench's size (its default figures): the same KV bucket, so the same
+    # decode graph, as its tg128.
+    ctx=$(python3 -c 'from ninfer.bench import engine_context; print(engine_context())')
+    step trace python3 "$(dirname "$0")/decode_trace.py" "$model" --pairs --max-context "$ctx" --json "$base.trace.json"
 else
     echo "== trace: skipped (no torch for its profiler)" | tee -a "$log"
 fi

@@ -121,10 +121,17 @@ def decode_streams(engine: Engine, streams: int, prompt: int, tokens: int, vocab
     return sum(c - 1 for c in counts) / span
 
 
+def engine_context(prefill: tuple[int, ...] = (512, 4096, 16384), tg_prompt: int = 512, tg_tokens: int = 128) -> int:
+    """The context run_bench sizes its engine for: its longest prompt, or the tg prompt and its
+    tokens, plus 8. The decode graphs' KV buckets, and so decode attention's splits, follow it
+    (scripts/decode_trace.py traces in an engine of this size to time the step bench times)."""
+    return max(prefill + (tg_prompt + tg_tokens,)) + 8
+
+
 def run_bench(artifact: str, device: str = "auto", reps: int = 3, prefill: tuple[int, ...] = (512, 4096, 16384),
               concurrency: tuple[int, ...] = (1, 4, 16), tg_prompt: int = 512, tg_tokens: int = 128) -> BenchResult:
-    longest = max(prefill + (tg_prompt + tg_tokens,))
-    engine = Engine(artifact, device=device, max_concurrency=max(concurrency), max_context=longest + 8, prefill_chunk=max(prefill))
+    ctx = engine_context(prefill, tg_prompt, tg_tokens)
+    engine = Engine(artifact, device=device, max_concurrency=max(concurrency), max_context=ctx, prefill_chunk=max(prefill))
     vocab = min(engine.config["vocab_size"], 150000)
     result = BenchResult(artifact, engine.device, copy_bandwidth(engine.device) / 1e9)
 
