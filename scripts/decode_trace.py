@@ -24,9 +24,10 @@ the same launches (the same kernels' row buckets) is counted with the steps of a
 `--max-context N` sizes the engine for N positions (default: the prompt, the steps and 16);
 pass `ninfer.bench.engine_context(...)` of a bench's figures to trace the step that bench
 times: a decode step's CUDA graph covers a KV bucket (the positions rounded up to a power of
-two, at most the engine's context), and decode attention's splits follow the bucket. `--pairs` also prints each kernel's mean charge a launch
-by the kernel launched before it (the JSON always has it): the one-token gate_up behind the
-GDN output projection and behind attention's o projection, say.
+two, at most the engine's context), and decode attention's splits follow the bucket.
+`--pairs` also prints each kernel's mean charge a launch by the kernel launched before it (the
+JSON always has it): the one-token gate_up behind the GDN output projection and behind
+attention's o projection, say.
 """
 
 from __future__ import annotations
