@@ -488,7 +488,7 @@ fn capture(cx: &Ctx, st: &mut States, ws: &mut Workspace, tables: &CudaSlice<i32
     let what = "capturing a decode graph";
     cx.s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).map_err(drv(what))?;
     let restarted = cx.prof.map_or(Ok(()), |p| p.borrow_mut().restart_in_capture());
-    let recorded = restarted.and_then(|_| body(cx, st, ws, tables, meta)).and_then(|_| head(cx, ws, tables, 0, meta.logit_rows.len()));
+    let recorded = restarted.and_then(|_| body(cx, st, ws, tables, meta)).and_then(|_| head(cx, ws, tables, meta, 0, meta.logit_rows.len()));
     // The capture is ended whatever happened, so the stream is usable again.
     let graph = cx.s.end_capture(CUgraphInstantiate_flags(0)).map_err(drv(what));
     recorded?;

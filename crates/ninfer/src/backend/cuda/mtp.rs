@@ -30,7 +30,7 @@ pub(super) fn fetch_hidden(cx: &Ctx, ws: &Workspace, t: usize) -> Result<Vec<f32
 fn mtp_body(cx: &Ctx, w: &MtpW, st: &mut States, ws: &mut Workspace, tables: &CudaSlice<i32>, meta: &PassMeta) -> Result<(), BackendError> {
     let (t, h) = (meta.tokens, cx.dims.h);
     let eps = cx.cfg.rms_norm_eps;
-    let tb = Tables::of(cx.dims, tables, meta);
+    let tb = Tables::of(tables, meta);
     let (dense, half) = (Rows::dense(t, h), Rows { rows: t, dim: h, ld: 2 * h });
     // 1. [e ‖ g] with e = RMSNorm_emb(Embed[x]) and g = RMSNorm_hid(hidden), side by side in proj.
     cx.ks.embed(cx.s, &cx.arena.mat(&cx.model.embed), &tb.ids, t, &mut ws.h, h).map_err(kern)?;
@@ -101,7 +101,7 @@ impl CudaBackend {
             mtp_body(&cx, w, &mut self.states, &mut self.ws, &self.tables, &meta)?;
             let k = meta.logit_rows.len();
             let mut logits = vec![0f32; k * v];
-            heads(&cx, &mut self.ws, &self.tables, k, &mut Fetch::Logits(&mut logits))?;
+            heads(&cx, &mut self.ws, &self.tables, &meta, &mut Fetch::Logits(&mut logits))?;
             out.hidden.extend(fetch_hidden(&cx, &self.ws, meta.tokens)?);
             out.logits.values.extend(logits);
             out.logits.rows += k;
