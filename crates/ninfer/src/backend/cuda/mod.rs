@@ -391,7 +391,7 @@ impl CudaBackend {
             arena: &self.arena,
             prof,
         };
-        let layout = self.dims.meta();
+        let cap = self.dims.meta();
         let kv_cap = self.dims.pages * PAGE;
         for pass in split_passes(&specs, self.dims.t_cap) {
             // Tokens are picked on the GPU when no row with logits in this pass needs them.
@@ -404,7 +404,7 @@ impl CudaBackend {
             let max_kv = pass.segs.iter().map(|s| s.pos0 + s.n).max().unwrap_or(0);
             let pad = graph.then(|| kv_bucket(max_kv, kv_cap));
             let slot_pages = &self.slot_pages;
-            let meta = pass_meta(&layout, PAGE, &pass, pad, |s| &rows[s.row].tokens[s.tok0..s.tok0 + s.n], |slot| &slot_pages[slot as usize]);
+            let meta = pass_meta(&cap, PAGE, &pass, pad, |s| &rows[s.row].tokens[s.tok0..s.tok0 + s.n], |slot| &slot_pages[slot as usize]);
             let n = meta.logit_rows.len();
             let (mut logits, mut tokens) = (Vec::new(), Vec::new());
             let mut out = if picked {

@@ -90,11 +90,11 @@ impl CudaBackend {
         self.take_pages(&[spec]);
         let w = self.model.mtp.as_ref().expect("mtp_len checked the block");
         let cx = Ctx { ks: &self.ks, s: &self.stream, cfg: &self.config, dims: &self.dims, model: &self.model, arena: &self.arena, prof: None };
-        let layout = self.dims.meta();
+        let cap = self.dims.meta();
         let mut out = RowOutput { logits: RowLogits { rows: 0, values: Vec::new(), token: None }, hidden: Vec::with_capacity(n * h) };
         for pass in split_passes(&[spec], self.dims.t_cap) {
             let seg = &pass.segs[0];
-            let meta = pass_meta(&layout, PAGE, &pass, None, |s| &tokens[s.tok0..s.tok0 + s.n], |s| &self.slot_pages[s as usize]);
+            let meta = pass_meta(&cap, PAGE, &pass, None, |s| &tokens[s.tok0..s.tok0 + s.n], |s| &self.slot_pages[s as usize]);
             let rows: Vec<bf16> = hiddens[seg.tok0 * h..(seg.tok0 + seg.n) * h].iter().map(|&x| bf16::from_f32(x)).collect();
             cx.s.memcpy_htod(&rows, &mut self.ws.delta.slice_mut(..rows.len())).map_err(drv("uploading MTP hidden states"))?;
             upload_tables(&cx, &mut self.tables, &meta)?;
