@@ -64,8 +64,8 @@ pub(super) struct Tables<'a> {
 }
 
 impl<'a> Tables<'a> {
-    pub fn of(d: &Dims, tables: &'a CudaSlice<i32>, meta: &'a PassMeta) -> Self {
-        let (t, seqs, ml) = (meta.tokens, meta.seqs, d.meta());
+    pub fn of(tables: &'a CudaSlice<i32>, meta: &'a PassMeta) -> Self {
+        let (t, seqs, ml) = (meta.tokens, meta.seqs, meta.layout);
         let view = |off: usize, n: usize| tables.slice(off..off + n);
         Tables {
             meta,
@@ -204,16 +204,16 @@ pub(super) fn run_pass(
 ) -> Result<(), BackendError> {
     upload_tables(cx, tables, meta)?;
     body(cx, st, ws, tables, meta)?;
-    heads(cx, ws, tables, meta.logit_rows.len(), &mut out)?;
+    heads(cx, ws, tables, meta, &mut out)?;
     cx.s.synchronize().map_err(drv("running the step"))
 }
 
-/// The head over the pass's `n` logit rows, LOGIT_ROWS at a time, each batch fetched into `out`.
-pub(super) fn heads(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, n: usize, out: &mut Fetch) -> Result<(), BackendError> {
-    let mut c0 = 0;
+/// The head over the pass's logit rows, LOGIT_ROWS at a time, each batch fetched into `out`.
+pub(super) fn heads(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, meta: &PassMeta, out: &mut Fetch) -> Result<(), BackendError> {
+    let (n, mut c0) = (meta.logit_rows.len(), 0);
     while c0 < n {
         let rc = (n - c0).min(LOGIT_ROWS);
-        head(cx, ws, tables, c0, rc)?;
+        head(cx, ws, tables, meta, c0, rc)?;
         fetch(cx, ws, out, c0, rc)?;
         c0 += rc;
     }
@@ -245,7 +245,7 @@ pub(super) fn fetch(cx: &Ctx, ws: &mut Workspace, out: &mut Fetch, c0: usize, rc
 /// synchronisation or copy, so that a decode pass can be captured as a CUDA graph.
 pub(super) fn body(cx: &Ctx, st: &mut States, ws: &mut Workspace, tables: &CudaSlice<i32>, meta: &PassMeta) -> Result<(), BackendError> {
     let (t, h) = (meta.tokens, cx.dims.h);
-    let tb = Tables::of(cx.dims, tables, meta);
+    let tb = Tables::of(tables, meta);
     // h₀ = Embed[token].
     cx.ks.embed(cx.s, &cx.arena.mat(&cx.model.embed), &tb.ids, t, &mut ws.h, h).map_err(kern)?;
     cx.mark("embed", 0);
@@ -308,11 +308,11 @@ pub(super) fn layer(cx: &Ctx, lw: &LayerW, st: &mut States, ws: &mut Workspace, 
     moe(cx, &lw.moe, ws, tb, t, fuse.add_out.then_some(lw.moe_norm), fold)
 }
 
-/// The head over logit rows `c0..c0 + rc` into `ws.logits`: the rows are gathered with the
-/// embedding kernel, reading the final-normed activations as a bf16 table.
-pub(super) fn head(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, c0: usize, rc: usize) -> Result<(), BackendError> {
+/// The head over logit rows `c0..c0 + rc` of `meta` into `ws.logits`: the rows are gathered
+/// with the embedding kernel, reading the final-normed activations as a bf16 table.
+pub(super) fn head(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, meta: &PassMeta, c0: usize, rc: usize) -> Result<(), BackendError> {
     let (h, v) = (cx.dims.h, cx.dims.v);
-    let ml = cx.dims.meta();
+    let ml = meta.layout;
     let t = ws.a.len() / h;
     let table = MatrixView { weights: Weights::Bf16 { data: ws.a.slice(..t * h) }, experts: 1, rows: t, cols: h };
     let picks = tables.slice(ml.gather() + c0..ml.gather() + c0 + rc);

@@ -391,7 +391,7 @@ impl CudaBackend {
             arena: &self.arena,
             prof,
         };
-        let layout = self.dims.meta();
+        let cap = self.dims.meta();
         let kv_cap = self.dims.pages * PAGE;
         for pass in split_passes(&specs, self.dims.t_cap) {
             // Tokens are picked on the GPU when no row with logits in this pass needs them.
@@ -404,7 +404,7 @@ impl CudaBackend {
             let max_kv = pass.segs.iter().map(|s| s.pos0 + s.n).max().unwrap_or(0);
             let pad = graph.then(|| kv_bucket(max_kv, kv_cap));
             let slot_pages = &self.slot_pages;
-            let meta = pass_meta(&layout, PAGE, &pass, pad, |s| &rows[s.row].tokens[s.tok0..s.tok0 + s.n], |slot| &slot_pages[slot as usize]);
+            let meta = pass_meta(&cap, PAGE, &pass, pad, |s| &rows[s.row].tokens[s.tok0..s.tok0 + s.n], |slot| &slot_pages[slot as usize]);
             let n = meta.logit_rows.len();
             let (mut logits, mut tokens) = (Vec::new(), Vec::new());
             let mut out = if picked {
@@ -488,7 +488,7 @@ fn capture(cx: &Ctx, st: &mut States, ws: &mut Workspace, tables: &CudaSlice<i32
     let what = "capturing a decode graph";
     cx.s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).map_err(drv(what))?;
     let restarted = cx.prof.map_or(Ok(()), |p| p.borrow_mut().restart_in_capture());
-    let recorded = restarted.and_then(|_| body(cx, st, ws, tables, meta)).and_then(|_| head(cx, ws, tables, 0, meta.logit_rows.len()));
+    let recorded = restarted.and_then(|_| body(cx, st, ws, tables, meta)).and_then(|_| head(cx, ws, tables, meta, 0, meta.logit_rows.len()));
     // The capture is ended whatever happened, so the stream is usable again.
     let graph = cx.s.end_capture(CUgraphInstantiate_flags(0)).map_err(drv(what));
     recorded?;

@@ -30,7 +30,7 @@ pub(super) fn fetch_hidden(cx: &Ctx, ws: &Workspace, t: usize) -> Result<Vec<f32
 fn mtp_body(cx: &Ctx, w: &MtpW, st: &mut States, ws: &mut Workspace, tables: &CudaSlice<i32>, meta: &PassMeta) -> Result<(), BackendError> {
     let (t, h) = (meta.tokens, cx.dims.h);
     let eps = cx.cfg.rms_norm_eps;
-    let tb = Tables::of(cx.dims, tables, meta);
+    let tb = Tables::of(tables, meta);
     let (dense, half) = (Rows::dense(t, h), Rows { rows: t, dim: h, ld: 2 * h });
     // 1. [e ‖ g] with e = RMSNorm_emb(Embed[x]) and g = RMSNorm_hid(hidden), side by side in proj.
     cx.ks.embed(cx.s, &cx.arena.mat(&cx.model.embed), &tb.ids, t, &mut ws.h, h).map_err(kern)?;
@@ -90,18 +90,18 @@ impl CudaBackend {
         self.take_pages(&[spec]);
         let w = self.model.mtp.as_ref().expect("mtp_len checked the block");
         let cx = Ctx { ks: &self.ks, s: &self.stream, cfg: &self.config, dims: &self.dims, model: &self.model, arena: &self.arena, prof: None };
-        let layout = self.dims.meta();
+        let cap = self.dims.meta();
         let mut out = RowOutput { logits: RowLogits { rows: 0, values: Vec::new(), token: None }, hidden: Vec::with_capacity(n * h) };
         for pass in split_passes(&[spec], self.dims.t_cap) {
             let seg = &pass.segs[0];
-            let meta = pass_meta(&layout, PAGE, &pass, None, |s| &tokens[s.tok0..s.tok0 + s.n], |s| &self.slot_pages[s as usize]);
+            let meta = pass_meta(&cap, PAGE, &pass, None, |s| &tokens[s.tok0..s.tok0 + s.n], |s| &self.slot_pages[s as usize]);
             let rows: Vec<bf16> = hiddens[seg.tok0 * h..(seg.tok0 + seg.n) * h].iter().map(|&x| bf16::from_f32(x)).collect();
             cx.s.memcpy_htod(&rows, &mut self.ws.delta.slice_mut(..rows.len())).map_err(drv("uploading MTP hidden states"))?;
             upload_tables(&cx, &mut self.tables, &meta)?;
             mtp_body(&cx, w, &mut self.states, &mut self.ws, &self.tables, &meta)?;
             let k = meta.logit_rows.len();
             let mut logits = vec![0f32; k * v];
-            heads(&cx, &mut self.ws, &self.tables, k, &mut Fetch::Logits(&mut logits))?;
+            heads(&cx, &mut self.ws, &self.tables, &meta, &mut Fetch::Logits(&mut logits))?;
             out.hidden.extend(fetch_hidden(&cx, &self.ws, meta.tokens)?);
             out.logits.values.extend(logits);
             out.logits.rows += k;

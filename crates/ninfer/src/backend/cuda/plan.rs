@@ -80,7 +80,8 @@ pub(crate) fn split_passes(rows: &[RowSpec], cap: usize) -> Vec<Pass> {
     }
 }
 
-/// Capacities of the per-pass integer tables and their offsets in the packed buffer.
+/// Sizes of the per-pass integer tables and their offsets in the packed buffer: the buffer's
+/// capacities, or one pass's own sizes (`PassMeta::layout`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct MetaLayout {
     /// Tokens per pass.
@@ -129,6 +130,8 @@ impl MetaLayout {
 #[derive(Debug, Clone)]
 pub(crate) struct PassMeta {
     pub data: Vec<i32>,
+    /// Where each table of `data` starts: packed for this pass.
+    pub layout: MetaLayout,
     pub seqs: usize,
     pub tokens: usize,
     pub max_q: usize,
@@ -157,19 +160,34 @@ pub(crate) fn kv_bucket(max_kv: usize, cap: usize) -> usize {
 /// Fills the tables of `pass`: `tokens_of(seg)` gives the segment's token ids and `pages_of(slot)`
 /// the pool pages the slot holds, in position order (enough for every token of the pass):
 /// position p of a slot lives in cache row `pages[p / page_size]·page_size + p % page_size`.
-/// `kv_pad`, when given (a graph's bucket, at most `layout.pages` pages), replaces the longest
+/// `kv_pad`, when given (a graph's bucket, at most `cap.pages` pages), replaces the longest
 /// KV length of the launches and sizes the block table; the entries past a slot's own pages
 /// repeat its first page (never read: attention stops at each sequence's length).
+///
+/// The tables are packed for the pass itself (its tokens, sequences and block-table stride,
+/// each within `cap`), so a decode step uploads a few dozen words rather than the capacity of
+/// a prompt chunk (86k words at a 16,384-token chunk and 16 slots). A decode pass of a given sequence count
+/// and bucket packs the same way every step, which the graph captured for it relies on.
 pub(crate) fn pass_meta<'t, 'p>(
-    layout: &MetaLayout,
+    cap: &MetaLayout,
     page_size: usize,
     pass: &Pass,
     kv_pad: Option<usize>,
     tokens_of: impl Fn(&Seg) -> &'t [u32],
     pages_of: impl Fn(u32) -> &'p [u32],
 ) -> PassMeta {
+    let seqs = pass.segs.len();
+    let tokens: usize = pass.segs.iter().map(|s| s.n).sum();
+    let mut max_kv = pass.segs.iter().map(|s| s.pos0 + s.n).max().unwrap_or(0);
+    if let Some(pad) = kv_pad {
+        assert!(pad >= max_kv && pad <= cap.pages * page_size, "kv pad {pad} outside {max_kv}..={}", cap.pages * page_size);
+        max_kv = pad;
+    }
+    let bt_stride = max_kv.div_ceil(page_size).max(1);
+    let layout = MetaLayout { t_cap: tokens, s_cap: seqs, pages: bt_stride };
+    assert!(tokens <= cap.t_cap && seqs <= cap.s_cap && bt_stride <= cap.pages, "pass {layout:?} outside {cap:?}");
     let mut d = vec![0i32; layout.len()];
-    let (mut t, mut max_q, mut max_kv) = (0usize, 0usize, 0usize);
+    let (mut t, mut max_q) = (0usize, 0usize);
     let mut logit_rows = Vec::new();
     for (s, seg) in pass.segs.iter().enumerate() {
         let toks = tokens_of(seg);
@@ -192,9 +210,7 @@ pub(crate) fn pass_meta<'t, 'p>(
         d[layout.kv_len() + s] = kv as i32;
         t += seg.n;
         max_q = max_q.max(seg.n);
-        max_kv = max_kv.max(kv);
     }
-    let seqs = pass.segs.len();
     d[layout.cu() + seqs] = t as i32;
     let starts: Vec<usize> = pass.segs.iter().scan(0, |acc, s| {
         let start = *acc;
@@ -204,18 +220,13 @@ pub(crate) fn pass_meta<'t, 'p>(
     for (k, &(s, j)) in logit_rows.iter().enumerate() {
         d[layout.gather() + k] = (starts[s] + j) as i32;
     }
-    if let Some(pad) = kv_pad {
-        assert!(pad >= max_kv && pad <= layout.pages * page_size, "kv pad {pad} outside {max_kv}..={}", layout.pages * page_size);
-        max_kv = pad;
-    }
-    let bt_stride = max_kv.div_ceil(page_size).max(1);
     for (s, seg) in pass.segs.iter().enumerate() {
         let pages = pages_of(seg.slot);
         for p in 0..bt_stride {
             d[layout.block_table() + s * bt_stride + p] = *pages.get(p).unwrap_or(&pages[0]) as i32;
         }
     }
-    PassMeta { data: d, seqs, tokens: t, max_q, max_kv, bt_stride, logit_rows }
+    PassMeta { data: d, layout, seqs, tokens: t, max_q, max_kv, bt_stride, logit_rows }
 }
 
 #[cfg(test)]
@@ -253,54 +264,74 @@ mod tests {
 
     #[test]
     fn meta_tables_follow_the_layout() {
-        let layout = MetaLayout { t_cap: 8, s_cap: 3, pages: 4 };
-        assert_eq!(layout.len(), 5 * 8 + 4 + 3 + 3 + 12);
+        let cap = MetaLayout { t_cap: 8, s_cap: 3, pages: 4 };
+        assert_eq!(cap.len(), 5 * 8 + 4 + 3 + 3 + 12);
         let toks: Vec<Vec<u32>> = vec![vec![7], vec![10, 11, 12], vec![20, 21]];
         let rows = [row(2, 130, 1, false), row(0, 0, 3, true), row(1, 64, 2, false)];
         let pass = split_passes(&rows, 8).remove(0);
         // Slot s holds pages 4s, 4s + 1, ... of the pool.
         let pages: Vec<Vec<u32>> = (0..3).map(|s| (0..4).map(|p| 4 * s + p).collect()).collect();
-        let m = pass_meta(&layout, 64, &pass, None, |s| &toks[s.row][s.tok0..s.tok0 + s.n], |slot| &pages[slot as usize]);
+        let m = pass_meta(&cap, 64, &pass, None, |s| &toks[s.row][s.tok0..s.tok0 + s.n], |slot| &pages[slot as usize]);
         let d = &m.data;
         assert_eq!((m.seqs, m.tokens, m.max_q, m.max_kv), (3, 6, 3, 131));
+        // Packed for the pass: 6 tokens, 3 sequences, 3 pages a row (131 positions of 64).
+        assert_eq!(m.layout, MetaLayout { t_cap: 6, s_cap: 3, pages: 3 });
+        assert_eq!(d.len(), 5 * 6 + 4 + 3 + 3 + 9);
         assert_eq!(&d[..6], &[7, 10, 11, 12, 20, 21]);
-        assert_eq!(&d[8..14], &[130, 0, 1, 2, 64, 65]);
+        assert_eq!(&d[6..12], &[130, 0, 1, 2, 64, 65]);
         // Slot s's rows start at 4s·64.
-        assert_eq!(&d[16..22], &[2 * 256 + 130, 0, 1, 2, 256 + 64, 256 + 65]);
+        assert_eq!(&d[12..18], &[2 * 256 + 130, 0, 1, 2, 256 + 64, 256 + 65]);
         // Logit rows: the decode row, every prompt position, the last of the third row.
         assert_eq!(m.logit_rows, vec![(0, 0), (1, 0), (1, 1), (1, 2), (2, 1)]);
-        assert_eq!(&d[24..29], &[0, 1, 2, 3, 5]);
-        assert_eq!(&d[40..44], &[0, 1, 4, 6]);
-        assert_eq!(&d[44..47], &[2, 0, 1]);
-        assert_eq!(&d[47..50], &[131, 3, 66]);
-        // 131 positions need 3 pages of 64; row s of the table lists slot s's pages.
+        assert_eq!(&d[18..23], &[0, 1, 2, 3, 5]);
+        assert_eq!(&d[30..34], &[0, 1, 4, 6]);
+        assert_eq!(&d[34..37], &[2, 0, 1]);
+        assert_eq!(&d[37..40], &[131, 3, 66]);
+        // Row s of the block table lists slot s's pages.
         assert_eq!(m.bt_stride, 3);
-        assert_eq!(&d[50..59], &[8, 9, 10, 0, 1, 2, 4, 5, 6]);
+        assert_eq!(&d[40..49], &[8, 9, 10, 0, 1, 2, 4, 5, 6]);
         // The zero ids stay zero (the shared expert's id table when it runs on its own).
-        assert!(d[32..40].iter().all(|&z| z == 0));
+        assert!(d[24..30].iter().all(|&z| z == 0));
         assert!(!pass.is_decode());
     }
 
     #[test]
     fn decode_passes_pad_their_kv_length_to_a_bucket() {
-        let layout = MetaLayout { t_cap: 8, s_cap: 3, pages: 16 };
+        let cap = MetaLayout { t_cap: 8, s_cap: 3, pages: 16 };
         let toks: Vec<Vec<u32>> = vec![vec![7], vec![8]];
         let pass = split_passes(&[row(0, 100, 1, false), row(2, 600, 1, false)], 8).remove(0);
         assert!(pass.is_decode());
-        let bucket = kv_bucket(601, layout.pages * 64);
+        let bucket = kv_bucket(601, cap.pages * 64);
         assert_eq!(bucket, 1024);
         assert_eq!(kv_bucket(3, 1024), 512);
         assert_eq!(kv_bucket(900, 960), 960);
         // Pages come from the pool in any order.
         let pages: Vec<Vec<u32>> = vec![vec![9, 3], vec![], vec![5, 0, 7, 1, 2, 4, 6, 8, 10, 11]];
-        let m = pass_meta(&layout, 64, &pass, Some(bucket), |s| &toks[s.row][s.tok0..s.tok0 + s.n], |slot| &pages[slot as usize]);
+        let m = pass_meta(&cap, 64, &pass, Some(bucket), |s| &toks[s.row][s.tok0..s.tok0 + s.n], |slot| &pages[slot as usize]);
         assert_eq!((m.max_kv, m.bt_stride), (1024, 16));
+        let layout = m.layout;
+        assert_eq!(layout, MetaLayout { t_cap: 2, s_cap: 2, pages: 16 });
         // The true lengths stay in the table; KV rows follow each slot's pages.
         assert_eq!(&m.data[layout.kv_len()..layout.kv_len() + 2], &[101, 601]);
         assert_eq!(&m.data[layout.kv_rows()..layout.kv_rows() + 2], &[3 * 64 + 36, 11 * 64 + 24]);
         // Block-table rows list the slot's pages, then repeat its first page up to the bucket.
         let bt = &m.data[layout.block_table()..];
+        assert_eq!(bt.len(), 2 * 16);
         assert_eq!(&bt[..4], &[9, 3, 9, 9]);
         assert_eq!(&bt[16..28], &[5, 0, 7, 1, 2, 4, 6, 8, 10, 11, 5, 5]);
+        // A later step of the same sequence count and bucket packs the same way: the offsets
+        // its captured graph holds still name its tables.
+        let later = split_passes(&[row(0, 40, 1, false), row(2, 630, 1, false)], 8).remove(0);
+        let m2 = pass_meta(&cap, 64, &later, Some(bucket), |s| &toks[s.row][..s.n], |slot| &pages[slot as usize]);
+        assert_eq!((m2.layout, m2.data.len()), (layout, m.data.len()));
+    }
+
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn a_pass_beyond_the_tables_capacity_is_refused() {
+        let cap = MetaLayout { t_cap: 8, s_cap: 3, pages: 2 };
+        let pass = split_passes(&[row(0, 200, 1, false)], 8).remove(0);
+        let pages: Vec<Vec<u32>> = vec![vec![0, 1, 2, 3]];
+        pass_meta(&cap, 64, &pass, None, |_| &[5], |slot| &pages[slot as usize]);
     }
 }
