@@ -65,7 +65,7 @@ pub(super) struct Tables<'a> {
 
 impl<'a> Tables<'a> {
     pub fn of(tables: &'a CudaSlice<i32>, meta: &'a PassMeta) -> Self {
-        let (t, seqs, ml) = (meta.tokens, meta.seqs, meta.layout);
+        let (t, seqs, ml) = (meta.tokens, meta.seqs, meta.layout());
         let view = |off: usize, n: usize| tables.slice(off..off + n);
         Tables {
             meta,
@@ -312,7 +312,7 @@ pub(super) fn layer(cx: &Ctx, lw: &LayerW, st: &mut States, ws: &mut Workspace, 
 /// with the embedding kernel, reading the final-normed activations as a bf16 table.
 pub(super) fn head(cx: &Ctx, ws: &mut Workspace, tables: &CudaSlice<i32>, meta: &PassMeta, c0: usize, rc: usize) -> Result<(), BackendError> {
     let (h, v) = (cx.dims.h, cx.dims.v);
-    let ml = meta.layout;
+    let ml = meta.layout();
     let t = ws.a.len() / h;
     let table = MatrixView { weights: Weights::Bf16 { data: ws.a.slice(..t * h) }, experts: 1, rows: t, cols: h };
     let picks = tables.slice(ml.gather() + c0..ml.gather() + c0 + rc);

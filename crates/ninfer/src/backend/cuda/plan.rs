@@ -130,8 +130,6 @@ impl MetaLayout {
 #[derive(Debug, Clone)]
 pub(crate) struct PassMeta {
     pub data: Vec<i32>,
-    /// Where each table of `data` starts: packed for this pass.
-    pub layout: MetaLayout,
     pub seqs: usize,
     pub tokens: usize,
     pub max_q: usize,
@@ -140,6 +138,13 @@ pub(crate) struct PassMeta {
     pub bt_stride: usize,
     /// For every gathered logit row in order: (segment index, token offset in the segment).
     pub logit_rows: Vec<(usize, usize)>,
+}
+
+impl PassMeta {
+    /// Where each table of `data` starts: packed for this pass's own sizes.
+    pub fn layout(&self) -> MetaLayout {
+        MetaLayout { t_cap: self.tokens, s_cap: self.seqs, pages: self.bt_stride }
+    }
 }
 
 impl Pass {
@@ -166,8 +171,9 @@ pub(crate) fn kv_bucket(max_kv: usize, cap: usize) -> usize {
 ///
 /// The tables are packed for the pass itself (its tokens, sequences and block-table stride,
 /// each within `cap`), so a decode step uploads a few dozen words rather than the capacity of
-/// a prompt chunk (86k words at a 16,384-token chunk and 16 slots). A decode pass of a given sequence count
-/// and bucket packs the same way every step, which the graph captured for it relies on.
+/// a prompt chunk (86k words at a 16,384-token chunk and 16 slots). A decode pass of a given
+/// sequence count and bucket packs the same way every step, which the graph captured for it
+/// relies on.
 pub(crate) fn pass_meta<'t, 'p>(
     cap: &MetaLayout,
     page_size: usize,
@@ -226,7 +232,7 @@ pub(crate) fn pass_meta<'t, 'p>(
             d[layout.block_table() + s * bt_stride + p] = *pages.get(p).unwrap_or(&pages[0]) as i32;
         }
     }
-    PassMeta { data: d, layout, seqs, tokens: t, max_q, max_kv, bt_stride, logit_rows }
+    PassMeta { data: d, seqs, tokens: t, max_q, max_kv, bt_stride, logit_rows }
 }
 
 #[cfg(test)]
@@ -275,7 +281,7 @@ mod tests {
         let d = &m.data;
         assert_eq!((m.seqs, m.tokens, m.max_q, m.max_kv), (3, 6, 3, 131));
         // Packed for the pass: 6 tokens, 3 sequences, 3 pages a row (131 positions of 64).
-        assert_eq!(m.layout, MetaLayout { t_cap: 6, s_cap: 3, pages: 3 });
+        assert_eq!(m.layout(), MetaLayout { t_cap: 6, s_cap: 3, pages: 3 });
         assert_eq!(d.len(), 5 * 6 + 4 + 3 + 3 + 9);
         assert_eq!(&d[..6], &[7, 10, 11, 12, 20, 21]);
         assert_eq!(&d[6..12], &[130, 0, 1, 2, 64, 65]);
@@ -309,7 +315,7 @@ mod tests {
         let pages: Vec<Vec<u32>> = vec![vec![9, 3], vec![], vec![5, 0, 7, 1, 2, 4, 6, 8, 10, 11]];
         let m = pass_meta(&cap, 64, &pass, Some(bucket), |s| &toks[s.row][s.tok0..s.tok0 + s.n], |slot| &pages[slot as usize]);
         assert_eq!((m.max_kv, m.bt_stride), (1024, 16));
-        let layout = m.layout;
+        let layout = m.layout();
         assert_eq!(layout, MetaLayout { t_cap: 2, s_cap: 2, pages: 16 });
         // The true lengths stay in the table; KV rows follow each slot's pages.
         assert_eq!(&m.data[layout.kv_len()..layout.kv_len() + 2], &[101, 601]);
@@ -323,7 +329,7 @@ mod tests {
         // its captured graph holds still name its tables.
         let later = split_passes(&[row(0, 40, 1, false), row(2, 630, 1, false)], 8).remove(0);
         let m2 = pass_meta(&cap, 64, &later, Some(bucket), |s| &toks[s.row][..s.n], |slot| &pages[slot as usize]);
-        assert_eq!((m2.layout, m2.data.len()), (layout, m.data.len()));
+        assert_eq!((m2.layout(), m2.data.len()), (layout, m.data.len()));
     }
 
     #[test]
