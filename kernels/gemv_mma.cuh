@@ -16,6 +16,13 @@ __device__ __forceinline__ void i8x4_bf16(uint32_t w, uint32_t& lo, uint32_t& hi
 
 #define MMA_WARPS 8
 
+// A tile's weights (`bytes` from p, both multiples of 16) asked of L2 by the calling warp, lane l
+// the 32 KiB pieces l, l + 32, ...
+__device__ __forceinline__ void tile_prefetch(const void* p, uint32_t bytes, int lane) {
+    constexpr uint32_t PIECE = 32768;
+    for (uint32_t off = lane * PIECE; off < bytes; off += 32 * PIECE) prefetch_l2_bulk(static_cast<const char*>(p) + off, min(PIECE, bytes - off));
+}
+
 // One lane's share of a 32-column group, for the rows g and g + 8 of a 16-row tile (t = lane
 // % 4): 8 contiguous elements of each row (columns 8t..8t+7 of the group) and the rows' scales.
 // The MMA k order: in step s (0, 1) of a group, lane t's k indices 2t, 2t+1 are columns
@@ -42,6 +49,13 @@ struct MmaQ8 {
         i8x4_bf16(st ? w.q[1].y : w.q[1].x, a[1], a[3]);
     }
     __device__ static float scale(const Group& w, int h) { return f16_bits_to_f(w.s[h]); }
+    // The tile's codes (rows are contiguous: one range) and, when whole 16-byte lines, its scales.
+    __device__ static void prefetch_tile(const Mat& m, int row0, int lane) {
+        const uint32_t n = min(16, m.rows - row0);
+        tile_prefetch(static_cast<const int8_t*>(m.p0) + (size_t)row0 * m.cols, n * m.cols, lane);
+        const uint32_t sb = n * (m.cols / 16);
+        if (lane == 0 && sb % 16 == 0) prefetch_l2_bulk(static_cast<const uint16_t*>(m.p1) + (size_t)row0 * (m.cols / 32), sb);
+    }
 };
 
 struct MmaBf16 {
@@ -63,6 +77,10 @@ struct MmaBf16 {
         a[3] = st ? w.d[1].w : w.d[1].y;
     }
     __device__ static float scale(const Group&, int) { return 1.f; }
+    __device__ static void prefetch_tile(const Mat& m, int row0, int lane) {
+        const uint32_t n = min(16, m.rows - row0);
+        tile_prefetch(static_cast<const bf16*>(m.p0) + (size_t)row0 * m.cols, n * m.cols * 2, lane);
+    }
 };
 
 // A group's MMA sums d (per n tile: rows g in d[0..1], g + 8 in d[2..3]) times their rows'
@@ -118,9 +136,9 @@ __device__ __forceinline__ void group_mma(float (&acc)[NT][4], const typename M:
 // after each output's store `epi(row, b, v)` runs with v, the f32 sum (before its rounding to
 // y). B's x rows come from `x` with row stride `ldx`: global memory (through L1) or, with
 // SMEM, shared memory. Each warp keeps U weight groups in flight. A block's next tile asks
-// for its first weight groups before the
-// current tile's sums are reduced and stored. (STREAM for the plain products cost registers
-// enough to lose a resident block: q8_g32 of 2-8 rows 74 -> 116.)
+// for its first weight groups before the current tile's sums are reduced and stored; with
+// STREAM every tile of the block is asked of L2 before grid_wait(). (STREAM for the plain
+// products cost registers enough to lose a resident block: q8_g32 of 2-8 rows 74 -> 116.)
 template <typename M, int NT, int U, bool SMEM, bool STREAM, typename Fill, typename Begin, typename Epi>
 __device__ __forceinline__ void mma_product(const GemvArgs& a, const bf16* x, int ldx, Fill fill, Begin begin, Epi epi) {
     __shared__ float part[MMA_WARPS][16][8 * NT];
@@ -137,6 +155,10 @@ __device__ __forceinline__ void mma_product(const GemvArgs& a, const bf16* x, in
         }
     };
     first_groups(blockIdx.x);
+    // A block streaming several tiles norms its rows first (fused.cu): warp 0 asks L2 for all
+    // of its tiles meanwhile, so that the weights stream while the rows are built.
+    if (STREAM && warp == 0)
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) M::prefetch_tile(a.m, tile * 16, lane);
     grid_wait();
     fill();
     if (SMEM) __syncthreads();
