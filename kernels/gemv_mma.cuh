@@ -155,8 +155,9 @@ __device__ __forceinline__ void mma_product(const GemvArgs& a, const bf16* x, in
         }
     };
     first_groups(blockIdx.x);
-    // A block streaming several tiles norms its rows first (fused.cu): warp 0 asks L2 for all
-    // of its tiles meanwhile, so that the weights stream while the rows are built.
+    // The normed products (STREAM) build the batch's rows in every block before its first tile
+    // (fused.cu): warp 0 asks L2 for all of the block's tiles first, so that the weights stream
+    // while the rows are built.
     if (STREAM && warp == 0)
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) M::prefetch_tile(a.m, tile * 16, lane);
     grid_wait();
